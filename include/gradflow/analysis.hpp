@@ -1,0 +1,86 @@
+// The analysis of one randomly initialised stack: the engine's entry points and its plain
+// result structs (metrics.md). Reporters turn these into JSON / CSV; nothing here does I/O.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gradflow/architecture.hpp"
+#include "gradflow/config.hpp"
+#include "gradflow/statistics.hpp"
+
+namespace gradflow {
+
+// Named columns of equal length, in output order. NaN marks "no value" (null / empty cell).
+struct FigureColumns {
+  std::vector<std::string> names;
+  std::vector<std::vector<double>> values;
+
+  std::vector<double>& add(std::string name, std::size_t length);
+  const std::vector<double>* find(std::string_view name) const;
+  std::vector<double>& at(std::string_view name);
+};
+
+struct StreamFigures {
+  std::string name;
+  FigureColumns states;  // rms, log10_grad per state (NaN where the state lacks the stream)
+  GrowthFit growth;
+};
+
+struct Extremum {
+  double value = 0.0;
+  int sublayer = -1;
+};
+
+// Where a value stopped being finite; everything before it is still reported.
+struct Divergence {
+  int sublayer = -1;
+  std::string phase;  // "forward" or "backward"
+  std::string reason;
+};
+
+struct SeedResult {
+  std::uint64_t seed = 0;
+  FigureColumns states;     // index 0..S: rms, log10_grad, log10_grad_rel
+  FigureColumns sublayers;  // index 0..S-1: gain, skip_gain, branch_gain, skip_gain_theory, branch_rms, stream_share
+  std::vector<SublayerKind> kinds;
+  std::vector<int> blocks;
+  std::vector<StreamFigures> streams;  // one per stream name of the architecture
+  double log10_grad_ratio = 0.0;
+  Extremum gain_min, gain_max;
+  GrowthFit growth;
+  std::optional<Divergence> diverged;
+  double seconds = 0.0;
+};
+
+struct ArchResult {
+  const Architecture* arch = nullptr;
+  ModelConfig config;  // arch field set to arch->id
+  Constants constants;
+  std::vector<SeedResult> seeds;
+};
+
+// Called after each sublayer of forward and backward: (work done, total work).
+using ProgressCallback = std::function<void(long long done, long long total)>;
+
+// The resolved constants of `arch` at this configuration (empty for constant-free placements).
+Constants resolve_constants(const Architecture& arch, const ModelConfig& config);
+
+// Analyses one seed: forward pass, probe backward pass with renormalised gradients, figures.
+SeedResult analyze_seed(const ModelConfig& config, const Architecture& arch, const Constants& constants,
+                        std::uint64_t seed, const ProgressCallback& progress = {});
+
+// A named tensor as stored for --export-weights: row-major data in the run's precision.
+struct NamedTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::vector<double> values;  // exact: float32 values are representable in double
+};
+// The tensors a run of (config, arch, seed) uses: input, probes, every sublayer's weights.
+std::vector<NamedTensor> run_tensors(const ModelConfig& config, const Architecture& arch, const Constants& constants,
+                                     std::uint64_t seed);
+
+}  // namespace gradflow

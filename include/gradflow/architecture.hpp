@@ -1,0 +1,81 @@
+// The registry of residual / normalisation placements: one recipe file per architecture
+// (src/archs/*.cpp), one table (src/archs/registry.cpp).
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gradflow/config.hpp"
+#include "gradflow/graph.hpp"
+
+namespace gradflow {
+
+// A constant of a placement at a given depth, with the depth unit its formula is written in.
+struct Constant {
+  std::string name;     // e.g. "alpha"
+  double value = 0.0;
+  std::string formula;  // e.g. "(2B)^(1/4)"
+  std::string unit;     // "blocks", "sublayers", "fraction of blocks", "-" ...
+};
+using Constants = std::vector<Constant>;
+// The named constant's value; throws std::logic_error when the recipe lacks it.
+double constant_value(const Constants& constants, std::string_view name);
+
+enum class WeightMatrix { q, k, v, o, up, down };
+
+// What a recipe sees when it builds sublayer l (or, with sublayer = S, the output head).
+struct SublayerContext {
+  const ModelConfig& config;
+  const Constants& constants;
+  int sublayer = 0;
+  int block = 0;
+  SublayerKind kind = SublayerKind::attn;
+  double profiled_skip_weight = 1.0;  // Admin's w_l, profiled during the forward pass
+  int blocks() const { return config.blocks; }
+  int sublayers() const { return config.sublayers(); }
+};
+
+struct Architecture {
+  std::string_view id;
+  std::vector<std::string_view> aliases;
+  std::string_view update_rule;  // one line, in architectures.md's notation
+  std::string_view final_norm;   // "yes", "none", or the documented combination
+  std::string_view citation;     // authors, year, arXiv id
+  std::string_view expected_growth;  // growth class of the residual stream at init (metrics.md)
+  bool provisional = false;
+  std::string_view provisional_note;
+  // Stream names; a state has the first few of them (most placements: one stream "x").
+  std::vector<std::string_view> streams = {"x"};
+  int initial_streams = 1;  // streams of x_0 (each a copy of the input)
+  bool profiles_skip_weight = false;  // Admin: w_{l+1}^2 = w_l^2 + Var[F_l] during the forward pass
+  bool accepts_alpha = false;         // whether --alpha overrides a constant of this placement
+
+  Constants (*constants)(const ModelConfig&) = nullptr;
+  void (*build_sublayer)(SublayerGraph&, const SublayerContext&) = nullptr;
+  // The output y from the final state's streams (final norm or combination); one output.
+  void (*build_output)(SublayerGraph&, const SublayerContext&) = nullptr;
+  // Closed-form skip factor under the idealised branch (architectures.md), when one exists.
+  std::optional<double> (*skip_gain_theory)(const SublayerContext&) = nullptr;
+  // Multiplier on the base init's standard deviation (DeepNorm's beta), 1 when null.
+  double (*init_gain)(const SublayerContext&, WeightMatrix) = nullptr;
+};
+
+const std::vector<Architecture>& architectures();
+// By id or alias; throws InputError naming the nearest valid id.
+const Architecture& find_architecture(std::string_view id);
+// "all" or a comma-separated list, each resolved by find_architecture, duplicates removed.
+std::vector<const Architecture*> parse_architecture_list(std::string_view list);
+
+// Shared recipe pieces used by several placements.
+namespace recipes {
+void post_norm(SublayerGraph& g, double skip_weight);  // x <- N(w x + F(x))
+void pre_norm(SublayerGraph& g);                        // x <- x + F(N(x))
+void final_norm(SublayerGraph& g);                      // y = N(x)
+void identity_output(SublayerGraph& g);                 // y = x
+// The idealised skip factor of a post-norm sublayer with skip weight a: a / sqrt(a^2 + 1)
+// (Keel, arXiv 2601.19895, Eq. 15 with a = 1 and Eq. 19).
+double post_norm_skip_theory(double skip_weight);
+}  // namespace recipes
+
+}  // namespace gradflow

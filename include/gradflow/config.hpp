@@ -1,0 +1,74 @@
+// The model configuration every analysis starts from, and the closed sets it is made of.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gradflow {
+
+enum class Precision { f32, f64 };
+enum class NormKind { rms, layer, dyt };
+enum class InitKind { xavier, gpt2, small };
+enum class BlockKind { attn_ffn, ffn, attn };
+enum class SublayerKind { attn, ffn };
+// `rotation` replaces every branch F by a fixed 90-degree rotation within coordinate pairs: the
+// idealised branch of the closed forms (as large as its input and orthogonal to it).
+enum class BranchKind { model, rotation };
+
+std::string_view to_string(Precision value);
+std::string_view to_string(NormKind value);
+std::string_view to_string(InitKind value);
+std::string_view to_string(BlockKind value);
+std::string_view to_string(SublayerKind value);
+std::string_view to_string(BranchKind value);
+// The inverses of to_string; each throws InputError listing the valid names.
+BlockKind parse_block_kind(std::string_view name);
+NormKind parse_norm_kind(std::string_view name);
+InitKind parse_init_kind(std::string_view name);
+Precision parse_precision(std::string_view name);
+
+// Every norm's epsilon (RMSNorm and LayerNorm, as in LLaMA's RMSNorm).
+inline constexpr double kNormEps = 1e-6;
+// DyT's initial alpha: y = gamma * tanh(alpha * x) (Zhu et al. 2025, arXiv 2503.10622, Sec. 4).
+inline constexpr double kDytAlpha = 0.5;
+// The FFN's hidden width is this multiple of d (Vaswani et al. 2017).
+inline constexpr int kFfnMultiple = 4;
+
+struct ModelConfig {
+  std::string arch = "keel";
+  int blocks = 64;  // --depth: blocks B
+  int width = 256;  // d
+  int heads = 4;
+  int seq = 64;  // T tokens
+  BlockKind block = BlockKind::attn_ffn;
+  NormKind norm = NormKind::rms;
+  InitKind init = InitKind::xavier;
+  Precision precision = Precision::f32;
+  BranchKind branch = BranchKind::model;
+  std::uint64_t seed = 0;
+  int probes = 1;
+  double input_corr = 0.0;
+  // Architecture options; an unset optional means "the architecture's own default".
+  std::optional<double> alpha;
+  std::string keel_variant = "v2";
+  double mix_ratio = 0.25;
+  std::optional<double> rezero_alpha;
+
+  int sublayers_per_block() const { return block == BlockKind::attn_ffn ? 2 : 1; }
+  int sublayers() const { return blocks * sublayers_per_block(); }
+  int head_dim() const { return width / heads; }
+  int ffn_hidden() const { return kFfnMultiple * width; }
+  SublayerKind sublayer_kind(int sublayer) const;
+  int block_of(int sublayer) const { return sublayer / sublayers_per_block(); }
+};
+
+// Throws InputError naming the bad value and the fix.
+void validate(const ModelConfig& config);
+
+// Bytes an analysis of this configuration needs at peak (residual states plus one sublayer's
+// working set), used to refuse up front what would not fit.
+std::uint64_t estimated_memory_bytes(const ModelConfig& config, int stream_count);
+
+}  // namespace gradflow

@@ -1,0 +1,106 @@
+// A sublayer as a short graph of ops, written by an architecture recipe and differentiated by the
+// engine: recipes say what is computed, never how its gradient flows.
+#pragma once
+#include <initializer_list>
+#include <optional>
+#include <vector>
+
+#include "gradflow/ops.hpp"
+
+namespace gradflow {
+
+struct Value {
+  int id = -1;
+};
+
+enum class NodeOp {
+  add,     // a + b
+  scale,   // factor * a
+  norm,    // N(a): a fresh instance of the configured norm (own gamma = 1)
+  unit,    // a / norm(a) per token (nGPT)
+  branch,  // F(a): the sublayer's attention or FFN; the only node that is not on the skip path
+};
+
+struct Node {
+  NodeOp op;
+  int lhs = -1;
+  int rhs = -1;
+  double factor = 1.0;
+};
+
+class SublayerGraph {
+ public:
+  // Starts a new graph whose inputs are the state's `input_count` streams (values 0..count-1).
+  void reset(int input_count);
+
+  Value input(int stream) const;
+  Value add(Value a, Value b) { return push({NodeOp::add, a.id, b.id}); }
+  Value scale(Value a, double factor) { return push({NodeOp::scale, a.id, -1, factor}); }
+  Value norm(Value a) { return push({NodeOp::norm, a.id}); }
+  Value unit(Value a) { return push({NodeOp::unit, a.id}); }
+  // F(a). Attention options: q/k/v normalisation and, for nGPT, the softmax scale.
+  Value branch(Value a, QkvNorm qkv_norm = QkvNorm::none, std::optional<double> score_scale = std::nullopt);
+
+  // The streams of the next state, in order.
+  void set_outputs(std::initializer_list<Value> outputs);
+  // The update this sublayer adds to the stream (after its scaling) and the pre-norm sum it is
+  // added into: they define branch_rms and stream_share.
+  void mark_update(Value update, Value sum);
+
+  int input_count() const { return input_count_; }
+  int value_count() const { return input_count_ + static_cast<int>(nodes_.size()); }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<int>& outputs() const { return outputs_; }
+  int update_id() const { return update_id_; }
+  int sum_id() const { return sum_id_; }
+  int branch_id() const { return branch_id_; }
+  QkvNorm qkv_norm() const { return qkv_norm_; }
+  std::optional<double> score_scale() const { return score_scale_; }
+
+ private:
+  Value push(Node node);
+
+  int input_count_ = 0;
+  std::vector<Node> nodes_;
+  std::vector<int> outputs_;
+  int update_id_ = -1, sum_id_ = -1, branch_id_ = -1;
+  QkvNorm qkv_norm_ = QkvNorm::none;
+  std::optional<double> score_scale_;
+};
+
+// What the branch node F needs besides its input.
+template <typename Scalar>
+struct BranchContext {
+  SublayerKind kind = SublayerKind::ffn;
+  BranchKind branch = BranchKind::model;
+  NormKind norm = NormKind::rms;
+  int heads = 1;
+  const SublayerWeights<Scalar>* weights = nullptr;
+};
+
+// Runs a SublayerGraph forward, keeping what the backward needs, then backward. Buffers are
+// reused across sublayers, so the per-sublayer loop does not allocate once shapes have settled.
+template <typename Scalar>
+class GraphExecutor {
+ public:
+  void forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs, const BranchContext<Scalar>& context);
+
+  // Vector-Jacobian product: d_outputs (one (K*T, d) cotangent per output stream) to d_inputs.
+  // through_branch = false cuts every path through F: the result is the skip path's share.
+  void backward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_outputs, bool through_branch,
+                const BranchContext<Scalar>& context, std::vector<Mat<Scalar>>& d_inputs,
+                ParamGradSquares* param_grads = nullptr);
+
+  const Mat<Scalar>& value(int id) const { return values_[id]; }
+  // After backward: dL/d(value id), one (K*T, d) block per probe.
+  const Mat<Scalar>& cotangent(int id) const { return cotangents_[id]; }
+
+ private:
+  AttentionOptions attention_options(const SublayerGraph& graph, const BranchContext<Scalar>& context) const;
+
+  std::vector<Mat<Scalar>> values_, cotangents_, norm_stats_;
+  AttentionCache<Scalar> attention_;
+  FfnCache<Scalar> ffn_;
+};
+
+}  // namespace gradflow

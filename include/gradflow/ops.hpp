@@ -1,0 +1,117 @@
+// Numerical ops as forward/backward pairs (llm.c style). Pure functions: no I/O, no globals.
+//
+// Shapes: T tokens, n features. Forward inputs are one sequence, (T, n). Backward cotangents
+// carry K probes stacked as K blocks of T rows, (K*T, n); row r of a cotangent pairs with row
+// r % T of the saved forward values. Every backward ADDS into its input cotangent (dx += ...),
+// so several consumers of one value can accumulate into the same buffer.
+#pragma once
+#include <Eigen/Core>
+#include <vector>
+
+#include "gradflow/config.hpp"
+
+namespace gradflow {
+
+template <typename Scalar>
+using Mat = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename Scalar>
+using Vec = Eigen::Matrix<Scalar, Eigen::Dynamic, 1>;
+
+// ---------------------------------------------------------------------------------------------
+// Normalisation over groups of `n / groups` consecutive columns of each row (groups = 1: the
+// whole token; groups = heads: per-head q/k/v norm). gamma = 1 and no bias, as at init.
+//   rms:   y = x / sqrt(mean(x^2) + eps)                      (Zhang & Sennrich 2019, arXiv 1910.07467)
+//   layer: y = (x - mean) / sqrt(var + eps)                   (Ba et al. 2016, arXiv 1607.06450)
+//   dyt:   y = tanh(alpha x), alpha = kDytAlpha               (Zhu et al. 2025, arXiv 2503.10622)
+// inv_scale (T, groups) holds 1 / sqrt(. + eps); unused by dyt.
+template <typename Scalar>
+void norm_forward(NormKind kind, int groups, const Mat<Scalar>& x, Mat<Scalar>& y, Mat<Scalar>& inv_scale);
+template <typename Scalar>
+void norm_backward(NormKind kind, int groups, const Mat<Scalar>& y, const Mat<Scalar>& inv_scale,
+                   const Mat<Scalar>& dy, Mat<Scalar>& dx);
+
+// Unit-normalise each row: y = x / max(norm(x), kUnitFloor) (nGPT's Norm, arXiv 2410.01131 Eq. 1).
+inline constexpr double kUnitFloor = 1e-12;  // torch.nn.functional.normalize's clamp
+template <typename Scalar>
+void unit_rows_forward(int groups, const Mat<Scalar>& x, Mat<Scalar>& y, Mat<Scalar>& inv_norm);
+template <typename Scalar>
+void unit_rows_backward(int groups, const Mat<Scalar>& y, const Mat<Scalar>& inv_norm, const Mat<Scalar>& dy,
+                        Mat<Scalar>& dx);
+
+// ---------------------------------------------------------------------------------------------
+// GELU, erf form: gelu(x) = x Phi(x) (Hendrycks & Gimpel 2016, arXiv 1606.08415).
+template <typename Scalar>
+void gelu_forward(const Mat<Scalar>& x, Mat<Scalar>& y);
+template <typename Scalar>
+void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx);
+
+// ---------------------------------------------------------------------------------------------
+// Weights of one sublayer; y = x W with W (d_in, d_out). Only the sublayer kind's matrices are set.
+template <typename Scalar>
+struct SublayerWeights {
+  Mat<Scalar> w_q, w_k, w_v, w_o;  // attention, each (d, d)
+  Mat<Scalar> w_1;                 // FFN up, (d, 4d)
+  Mat<Scalar> w_2;                 // FFN down, (4d, d)
+};
+
+// Squared Frobenius norms of dL/dW summed over the sublayer's matrices, one entry per probe.
+using ParamGradSquares = std::vector<double>;
+
+// ---------------------------------------------------------------------------------------------
+// Causal multi-head attention (Vaswani et al. 2017, arXiv 1706.03762, Eq. 1):
+//   out = concat_h softmax(mask(Q_h K_h^T * score_scale)) V_h  W_O,   Q = x W_Q, K = x W_K, V = x W_V,
+// with optional normalisation of q/k/v after the projection.
+enum class QkvNorm {
+  none,
+  per_head_qkv,   // HybridNorm: N on each head's q, k and v (Zhuo et al. 2025, arXiv 2503.04598, Eq. 5)
+  full_qk,        // OLMo 2: N over the full q and k (arXiv 2501.00656, Sec. 3.3)
+  per_head_qk_unit  // nGPT: unit-normalised q and k per head (arXiv 2410.01131, Eq. 15-16)
+};
+struct AttentionOptions {
+  int heads = 1;
+  NormKind norm = NormKind::rms;  // the kind used by per_head_qkv and full_qk
+  QkvNorm qkv_norm = QkvNorm::none;
+  double score_scale = 1.0;  // 1/sqrt(d_h) usually; sqrt(d_h) for nGPT
+};
+template <typename Scalar>
+struct AttentionCache {  // what the forward saves for the backward, plus backward scratch
+  Mat<Scalar> q_raw, k_raw, v_raw;              // (T, d) projections before any q/k/v norm
+  Mat<Scalar> q, k, v;                          // (T, d) after it
+  Mat<Scalar> q_inv, k_inv, v_inv;              // norm statistics
+  std::vector<Mat<Scalar>> probs;               // heads x (T, T) softmax outputs
+  Mat<Scalar> context;                          // (T, d) concatenated head outputs
+  Mat<Scalar> d_context, d_q, d_k, d_v, d_raw;  // (K*T, d) scratch
+  Mat<Scalar> d_probs, d_scores;                // (T, T) scratch
+};
+template <typename Scalar>
+void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
+                       AttentionCache<Scalar>& cache, Mat<Scalar>& out);
+// param_grads, when given, receives each probe's squared norm of dL/d{W_Q, W_K, W_V, W_O}.
+template <typename Scalar>
+void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
+                        AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>& dx,
+                        ParamGradSquares* param_grads = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// Feed-forward: out = gelu(x W_1) W_2, hidden 4d, no biases (Vaswani et al. 2017, Eq. 2).
+template <typename Scalar>
+struct FfnCache {
+  Mat<Scalar> hidden_pre;  // (T, 4d) x W_1
+  Mat<Scalar> hidden;      // (T, 4d) gelu(x W_1)
+  Mat<Scalar> d_hidden, d_hidden_pre;  // (K*T, 4d) scratch
+};
+template <typename Scalar>
+void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, Mat<Scalar>& out);
+template <typename Scalar>
+void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
+                  const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// The idealised branch: a fixed 90-degree rotation within coordinate pairs (2i, 2i+1), so that
+// rotation(x) has x's norm and is orthogonal to it token by token. Needs an even width.
+template <typename Scalar>
+void rotation_forward(const Mat<Scalar>& x, Mat<Scalar>& out);
+template <typename Scalar>
+void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx);
+
+}  // namespace gradflow

@@ -1,0 +1,24 @@
+// Counter-based random numbers: every value is a pure function of (seed, stream, index), so
+// weights can be regenerated instead of stored and results never depend on thread count or order.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace gradflow {
+
+// What a random stream feeds; part of the key so that streams never overlap.
+enum class RandomUse : std::uint64_t { input = 1, probe = 2, weight = 3 };
+
+// SplitMix64's output function (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
+std::uint64_t mix64(std::uint64_t value);
+
+// The key of one stream, e.g. (seed, weight, sublayer, matrix).
+std::uint64_t stream_key(std::uint64_t seed, RandomUse use, std::uint64_t major, std::uint64_t minor = 0);
+
+// Fills out[0..count) with stddev * N(0, 1) draws of stream `key`. Element i depends only on
+// (key, i): pairs come from Box-Muller on SplitMix64(key, i / 2), in float (the same draws feed
+// float32 and float64 runs, so the two precisions differ only in arithmetic).
+void fill_normal(std::uint64_t key, float stddev, float* out, std::size_t count);
+void fill_normal(std::uint64_t key, double stddev, double* out, std::size_t count);
+
+}  // namespace gradflow

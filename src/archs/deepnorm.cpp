@@ -1,0 +1,38 @@
+// deepnorm: x <- N(a x + F(x)), decoder-only constants a = (2B)^(1/4), b = (8B)^(-1/4)
+// (Wang et al. 2022 "DeepNet", arXiv 2203.00555, Table 1 / Fig. 2), B in blocks.
+#include <cmath>
+
+#include "archs.hpp"
+
+namespace gradflow::archs {
+
+Architecture deepnorm() {
+  Architecture arch;
+  arch.id = "deepnorm";
+  arch.update_rule = "x <- N(a x + F(x))";
+  arch.final_norm = "none";
+  arch.citation = "Wang et al. 2022 \"DeepNet\", arXiv 2203.00555";
+  arch.expected_growth = "bounded";
+  arch.accepts_alpha = true;
+  arch.constants = [](const ModelConfig& config) -> Constants {
+    const double blocks = config.blocks;
+    return {{"alpha", config.alpha.value_or(std::pow(2.0 * blocks, 0.25)),
+             config.alpha ? "--alpha" : "(2B)^(1/4)", "blocks"},
+            {"beta", std::pow(8.0 * blocks, -0.25), "(8B)^(-1/4)", "blocks"}};
+  };
+  arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
+    recipes::post_norm(g, constant_value(ctx.constants, "alpha"));
+  };
+  arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::identity_output(g); };
+  arch.skip_gain_theory = [](const SublayerContext& ctx) -> std::optional<double> {
+    return recipes::post_norm_skip_theory(constant_value(ctx.constants, "alpha"));
+  };
+  // Xavier-normal with gain beta on W_V, W_O, W_1, W_2 and gain 1 on W_Q, W_K (DeepNet Fig. 2).
+  arch.init_gain = [](const SublayerContext& ctx, WeightMatrix matrix) {
+    const bool query_or_key = matrix == WeightMatrix::q || matrix == WeightMatrix::k;
+    return query_or_key ? 1.0 : constant_value(ctx.constants, "beta");
+  };
+  return arch;
+}
+
+}  // namespace gradflow::archs

@@ -1,0 +1,105 @@
+// The one table of placements, lookup by name with a suggestion, and recipe pieces they share.
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <stdexcept>
+
+#include "archs.hpp"
+#include "gradflow/errors.hpp"
+
+namespace gradflow {
+
+const std::vector<Architecture>& architectures() {
+  // Adding a placement: one file in src/archs/ and one row here.
+  static const std::vector<Architecture> table = {
+      archs::post_ln(),
+      archs::pre_ln(),
+      archs::deepnorm(),
+      archs::keel(),
+  };
+  return table;
+}
+
+namespace {
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+}  // namespace
+
+const Architecture& find_architecture(std::string_view id) {
+  const Architecture* nearest = nullptr;
+  std::size_t best = SIZE_MAX;
+  for (const Architecture& arch : architectures()) {
+    if (arch.id == id || std::find(arch.aliases.begin(), arch.aliases.end(), id) != arch.aliases.end()) return arch;
+    const std::size_t distance = edit_distance(id, arch.id);
+    if (distance < best) best = distance, nearest = &arch;
+  }
+  throw InputError(fmt::format("--arch {:?} is not a known placement; did you mean {:?}? ('gradflow archs' lists all)",
+                               std::string(id), std::string(nearest->id)));
+}
+
+std::vector<const Architecture*> parse_architecture_list(std::string_view list) {
+  std::vector<const Architecture*> result;
+  if (list == "all") {
+    for (const Architecture& arch : architectures()) result.push_back(&arch);
+    return result;
+  }
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    const std::string_view name = list.substr(start, comma - start);
+    if (name.empty()) throw InputError(fmt::format("--arch {:?} has an empty name; separate names by single commas", std::string(list)));
+    const Architecture* arch = &find_architecture(name);
+    if (std::find(result.begin(), result.end(), arch) == result.end()) result.push_back(arch);
+    start = comma + 1;
+  }
+  return result;
+}
+
+double constant_value(const Constants& constants, std::string_view name) {
+  for (const Constant& c : constants) {
+    if (c.name == name) return c.value;
+  }
+  throw std::logic_error(fmt::format("recipe constant {} missing", name));
+}
+
+namespace recipes {
+
+void post_norm(SublayerGraph& g, double skip_weight) {
+  const Value x = g.input(0);
+  const Value update = g.branch(x);
+  const Value skip = skip_weight == 1.0 ? x : g.scale(x, skip_weight);
+  const Value sum = g.add(skip, update);
+  g.set_outputs({g.norm(sum)});
+  g.mark_update(update, sum);
+}
+
+void pre_norm(SublayerGraph& g) {
+  const Value x = g.input(0);
+  const Value update = g.branch(g.norm(x));
+  const Value sum = g.add(x, update);
+  g.set_outputs({sum});
+  g.mark_update(update, sum);
+}
+
+void final_norm(SublayerGraph& g) { g.set_outputs({g.norm(g.input(0))}); }
+
+void identity_output(SublayerGraph& g) { g.set_outputs({g.input(0)}); }
+
+double post_norm_skip_theory(double skip_weight) {
+  return skip_weight / std::sqrt(skip_weight * skip_weight + 1.0);
+}
+
+}  // namespace recipes
+}  // namespace gradflow

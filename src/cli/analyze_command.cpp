@@ -1,0 +1,200 @@
+// `gradflow analyze`: build the stacks, measure them, write JSON or CSV.
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "commands.hpp"
+#include "gradflow/analysis.hpp"
+#include "gradflow/errors.hpp"
+#include "gradflow/report.hpp"
+
+namespace gradflow::cli {
+
+namespace {
+struct AnalyzeOptions {
+  ModelConfig model;
+  std::string arch = "keel";
+  std::string block = "attn-ffn", norm = "rms", init = "xavier", precision = "f32";
+  std::uint64_t seed = 0;
+  int seeds = 0;  // 0: just --seed
+  int threads = 0;
+  bool ideal_branch = false;
+  std::string format = "json";
+  std::string output;
+  std::string export_weights;
+  bool quiet = false;
+};
+
+// FILE.safetensors -> FILE.{arch}.seed{s}.safetensors when a run writes several files.
+std::string export_path(const std::string& base, std::string_view arch, std::uint64_t seed, bool several) {
+  if (!several) return base;
+  const std::filesystem::path path(base);
+  return (path.parent_path() / fmt::format("{}.{}.seed{}{}", path.stem().string(), arch, seed, path.extension().string()))
+      .string();
+}
+
+int run_analyze(AnalyzeOptions options) {
+  ModelConfig& model = options.model;
+  if (options.ideal_branch) model.branch = BranchKind::rotation;
+  model.block = parse_block_kind(options.block);
+  model.norm = parse_norm_kind(options.norm);
+  model.init = parse_init_kind(options.init);
+  model.precision = parse_precision(options.precision);
+  validate(model);
+  const auto archs = parse_architecture_list(options.arch);
+  if (model.alpha) {
+    bool any = false;
+    for (const Architecture* arch : archs) any = any || arch->accepts_alpha;
+    if (!any) {
+      throw InputError(fmt::format("--alpha {} does not apply to {}; it sets the skip weight of deepnorm and keel",
+                                   *model.alpha, options.arch));
+    }
+    for (const Architecture* arch : archs) {
+      if (!arch->accepts_alpha) fmt::print(stderr, "gradflow: warning: --alpha does not apply to {}; ignored there\n", arch->id);
+    }
+  }
+  std::vector<std::uint64_t> seeds;
+  if (options.seeds > 0) {
+    for (int s = 0; s < options.seeds; ++s) seeds.push_back(static_cast<std::uint64_t>(s));
+  } else {
+    seeds.push_back(options.seed);
+  }
+  const int threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+
+  // Refuse up front what would not fit.
+  const int jobs = static_cast<int>(archs.size() * seeds.size());
+  const int concurrent = std::min(threads, jobs);
+  std::uint64_t needed = 0;
+  for (const Architecture* arch : archs) {
+    needed = std::max(needed, estimated_memory_bytes(model, static_cast<int>(arch->streams.size())));
+  }
+  needed *= concurrent;
+  const std::uint64_t available = available_memory_bytes();
+  if (available > 0 && needed > available) {
+    throw InputError(fmt::format(
+        "this configuration needs about {:.1f} GB (depth {}, width {}, seq {}, {}, {} run(s) at once) but the machine has "
+        "{:.1f} GB available; reduce --depth, --width or --seq, use --precision f32, or --threads 1",
+        needed / 1e9, model.blocks, model.width, model.seq, to_string(model.precision), concurrent, available / 1e9));
+  }
+  if (options.format != "json" && options.format != "csv") {
+    throw InputError(fmt::format("--format {:?} is not json or csv", options.format));
+  }
+  AtomicOutput output(options.output);  // fails now, before any work, if the path is not writable
+
+  const auto start = std::chrono::steady_clock::now();
+  AnalysisReport report;
+  report.threads = threads;
+  struct Job {
+    std::size_t result, seed;
+  };
+  std::vector<Job> job_list;
+  for (const Architecture* arch : archs) {
+    ArchResult result;
+    result.arch = arch;
+    result.config = model;
+    result.config.arch = std::string(arch->id);
+    result.constants = resolve_constants(*arch, result.config);
+    result.seeds.resize(seeds.size());
+    report.results.push_back(std::move(result));
+    for (std::size_t s = 0; s < seeds.size(); ++s) job_list.push_back({report.results.size() - 1, s});
+  }
+
+  ProgressBar progress(!options.quiet && stderr_is_terminal(), fmt::format("gradflow analyze ({} run(s))", jobs));
+  std::mutex progress_mutex;
+  std::vector<long long> job_done(job_list.size(), 0);
+  const long long total_work = static_cast<long long>(job_list.size()) * 2 * model.sublayers();
+  omp_set_num_threads(threads);
+  omp_set_max_active_levels(1);
+  // Runs are independent and each is deterministic, so their order does not change any number.
+#pragma omp parallel for schedule(dynamic, 1) if (job_list.size() > 1)
+  for (std::size_t j = 0; j < job_list.size(); ++j) {
+    ArchResult& result = report.results[job_list[j].result];
+    const ProgressCallback on_progress = [&, j](long long done, long long) {
+      std::lock_guard lock(progress_mutex);
+      job_done[j] = done;
+      long long sum = 0;
+      for (long long d : job_done) sum += d;
+      progress.update(sum, total_work);
+    };
+    result.seeds[job_list[j].seed] =
+        analyze_seed(result.config, *result.arch, result.constants, seeds[job_list[j].seed], on_progress);
+  }
+  report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  for (const ArchResult& result : report.results) {
+    for (const SeedResult& seed : result.seeds) {
+      if (seed.diverged) {
+        fmt::print(stderr, "gradflow: warning: {} seed {} diverged at sublayer {} ({}): {}\n", result.arch->id, seed.seed,
+                   seed.diverged->sublayer, seed.diverged->phase, seed.diverged->reason);
+      }
+    }
+  }
+  if (!options.export_weights.empty()) {
+    const bool several = jobs > 1;
+    for (const ArchResult& result : report.results) {
+      for (const SeedResult& seed : result.seeds) {
+        AtomicOutput file(export_path(options.export_weights, result.arch->id, seed.seed, several));
+        const nlohmann::ordered_json metadata = {{"arch", std::string(result.arch->id)},
+                                         {"seed", std::to_string(seed.seed)},
+                                         {"config", config_to_json(result).dump()}};
+        write_safetensors(run_tensors(result.config, *result.arch, result.constants, seed.seed),
+                          result.config.precision, metadata, file.stream());
+        file.commit();
+      }
+    }
+  }
+  if (options.format == "csv") {
+    write_csv(report, output.stream());
+  } else {
+    write_json(report, output.stream());
+  }
+  output.commit();
+  return 0;
+}
+}  // namespace
+
+Command setup_analyze(CLI::App& app) {
+  auto options = std::make_shared<AnalyzeOptions>();
+  ModelConfig& m = options->model;
+  CLI::App* sub = app.add_subcommand("analyze", "Measure signal and gradient flow through randomly initialised stacks");
+  sub->option_defaults()->always_capture_default();
+  sub->add_option("--arch", options->arch, "Placement id, a comma-separated list, or 'all' (see 'gradflow archs')");
+  sub->add_option("--depth", m.blocks, "Depth in blocks B (a block is attention + FFN by default)");
+  sub->add_option("--width", m.width, "Model width d");
+  sub->add_option("--heads", m.heads, "Attention heads (must divide --width)");
+  sub->add_option("--seq", m.seq, "Sequence length T (tokens)");
+  sub->add_option("--block", options->block, "Sublayers per block: attn-ffn (2), ffn (1) or attn (1)")
+      ->check(CLI::IsMember({"attn-ffn", "ffn", "attn"}));
+  sub->add_option("--norm", options->norm, "Normalisation: rms (RMSNorm), layer (LayerNorm) or dyt (DyT, alpha 0.5)")
+      ->check(CLI::IsMember({"rms", "layer", "dyt"}));
+  sub->add_option("--init", options->init,
+                  "Base init: xavier, gpt2 (0.02, out-proj / sqrt(2B)) or small (sqrt(2/5d), out-proj / sqrt(2B))")
+      ->check(CLI::IsMember({"xavier", "gpt2", "small"}));
+  sub->add_option("--precision", options->precision, "Arithmetic: f32 or f64 (gradient logs are always accumulated in double)")
+      ->check(CLI::IsMember({"f32", "f64"}));
+  sub->add_option("--alpha", m.alpha, "Override the skip weight a of deepnorm or keel (default: the paper's constant)")
+      ->default_str("paper's constant");
+  sub->add_option("--keel-variant", m.keel_variant, "Keel's first sublayers: v2 (paper v2) or v1");
+  sub->add_option("--probes", m.probes, "Random probes U per seed (per-state figures are RMS over probes)");
+  sub->add_option("--input-corr", m.input_corr, "Correlation r of the input tokens, in [0, 1]");
+  auto* seed = sub->add_option("--seed", options->seed, "Seed of a single run");
+  sub->add_option("--seeds", options->seeds, "Run seeds 0..N-1 and add mean, std and 95% intervals")->excludes(seed)->default_str("off");
+  sub->add_option("--threads", options->threads, "Worker threads; results are identical for every count")->default_str("all cores");
+  sub->add_flag("--ideal-branch", options->ideal_branch,
+                "Replace every branch F by a 90-degree rotation within coordinate pairs (the closed forms' idealised branch)");
+  sub->add_option("--format", options->format, "Output format: json or csv")->check(CLI::IsMember({"json", "csv"}));
+  sub->add_option("-o,--output", options->output, "Write to FILE (whole or not at all) instead of stdout")->default_str("stdout");
+  sub->add_option("--export-weights", options->export_weights,
+                  "Also write input, probes and every weight to a .safetensors file (one per arch and seed)")
+      ->default_str("off");
+  sub->add_flag("-q,--quiet", options->quiet, "No progress bar");
+  return {sub, [options] { return run_analyze(*options); }};
+}
+
+}  // namespace gradflow::cli

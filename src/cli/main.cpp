@@ -1,0 +1,37 @@
+// gradflow's entry point: parse, run the chosen subcommand, map errors to exit codes.
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "commands.hpp"
+#include "gradflow/errors.hpp"
+
+int main(int argc, char** argv) {
+  using gradflow::ExitCode;
+  CLI::App app{"gradflow: signal and gradient flow in deep Transformer stacks, measured exactly at depth."};
+  app.set_version_flag("--version", std::string("gradflow ") + GRADFLOW_VERSION);
+  app.require_subcommand(1);
+  app.footer("Definitions: shared/spec (architectures.md, metrics.md). Exit codes: 0 ok, 1 check failed, 2 bad input.");
+  const gradflow::cli::Command commands[] = {gradflow::cli::setup_analyze(app), gradflow::cli::setup_archs(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error);
+    return code == 0 ? 0 : static_cast<int>(ExitCode::bad_input);
+  }
+  try {
+    for (const auto& command : commands) {
+      if (command.app->parsed()) return command.run();
+    }
+  } catch (const gradflow::InputError& error) {
+    fmt::print(stderr, "gradflow: error: {}\n", error.what());
+    return static_cast<int>(ExitCode::bad_input);
+  } catch (const gradflow::CheckFailed& error) {
+    fmt::print(stderr, "gradflow: check failed: {}\n", error.what());
+    return static_cast<int>(ExitCode::check_failed);
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "gradflow: error: out of memory; try a smaller --depth, --width or --seq, or --precision f32\n");
+    return static_cast<int>(ExitCode::bad_input);
+  }
+  return static_cast<int>(ExitCode::bad_input);
+}

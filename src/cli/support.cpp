@@ -1,0 +1,85 @@
+// CLI helpers: all-or-nothing output files, the machine's free memory, the progress bar.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <random>
+
+#include "commands.hpp"
+#include "gradflow/errors.hpp"
+
+namespace gradflow::cli {
+
+AtomicOutput::AtomicOutput(std::string path) : path_(std::move(path)) {
+  if (path_.empty() || path_ == "-") return;
+  const std::filesystem::path target(path_);
+  if (std::filesystem::is_directory(target)) {
+    throw InputError(fmt::format("-o {} is a directory; give a file name such as {}/result.json", path_, path_));
+  }
+  std::random_device entropy;
+  temporary_ = fmt::format("{}.tmp.{}.{:x}", path_, ::getpid(), entropy());
+  file_.open(temporary_, std::ios::binary | std::ios::trunc);
+  if (!file_) {
+    const auto parent = target.has_parent_path() ? target.parent_path().string() : std::string(".");
+    throw InputError(fmt::format("-o {} is not writable (cannot create a file in {}); choose a writable path", path_, parent));
+  }
+}
+
+AtomicOutput::~AtomicOutput() {
+  if (!committed_ && !temporary_.empty()) {
+    file_.close();
+    std::remove(temporary_.c_str());
+  }
+}
+
+std::ostream& AtomicOutput::stream() { return temporary_.empty() ? static_cast<std::ostream&>(buffer_) : file_; }
+
+void AtomicOutput::commit() {
+  if (temporary_.empty()) {
+    std::cout << buffer_.str() << std::flush;
+  } else {
+    file_.close();
+    if (!file_ || std::rename(temporary_.c_str(), path_.c_str()) != 0) {
+      throw InputError(fmt::format("could not write -o {}; check the disk space and permissions", path_));
+    }
+  }
+  committed_ = true;
+}
+
+std::uint64_t available_memory_bytes() {
+  std::FILE* meminfo = std::fopen("/proc/meminfo", "r");
+  if (!meminfo) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, meminfo)) {
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  }
+  std::fclose(meminfo);
+  return static_cast<std::uint64_t>(kib) * 1024;
+}
+
+bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
+
+ProgressBar::ProgressBar(bool enabled, std::string label) : enabled_(enabled), label_(std::move(label)) {}
+
+ProgressBar::~ProgressBar() {
+  if (enabled_ && last_permille_ >= 0) fmt::print(stderr, "\r\033[2K");
+}
+
+void ProgressBar::set_label(std::string label) { label_ = std::move(label); }
+
+void ProgressBar::update(long long done, long long total) {
+  if (!enabled_ || total <= 0) return;
+  const int permille = static_cast<int>(1000 * done / total);
+  if (permille == last_permille_) return;
+  last_permille_ = permille;
+  constexpr int kWidth = 30;
+  const int filled = permille * kWidth / 1000;
+  fmt::print(stderr, "\r\033[2K{} [{}{}] {:5.1f}%", label_, std::string(filled, '#'), std::string(kWidth - filled, '.'),
+             permille / 10.0);
+  std::fflush(stderr);
+}
+
+}  // namespace gradflow::cli

@@ -1,0 +1,148 @@
+// SublayerGraph construction and its forward/backward interpreter.
+#include "gradflow/graph.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace gradflow {
+
+void SublayerGraph::reset(int input_count) {
+  input_count_ = input_count;
+  nodes_.clear();
+  outputs_.clear();
+  update_id_ = sum_id_ = branch_id_ = -1;
+  qkv_norm_ = QkvNorm::none;
+  score_scale_.reset();
+}
+
+Value SublayerGraph::input(int stream) const {
+  if (stream < 0 || stream >= input_count_) throw std::logic_error("recipe asked for a stream the state lacks");
+  return Value{stream};
+}
+
+Value SublayerGraph::push(Node node) {
+  nodes_.push_back(node);
+  return Value{value_count() - 1};
+}
+
+Value SublayerGraph::branch(Value a, QkvNorm qkv_norm, std::optional<double> score_scale) {
+  if (branch_id_ >= 0) throw std::logic_error("a sublayer graph has exactly one branch F");
+  qkv_norm_ = qkv_norm;
+  score_scale_ = score_scale;
+  const Value out = push({NodeOp::branch, a.id});
+  branch_id_ = out.id;
+  return out;
+}
+
+void SublayerGraph::set_outputs(std::initializer_list<Value> outputs) {
+  outputs_.clear();
+  for (const Value v : outputs) outputs_.push_back(v.id);
+}
+
+void SublayerGraph::mark_update(Value update, Value sum) {
+  update_id_ = update.id;
+  sum_id_ = sum.id;
+}
+
+template <typename Scalar>
+AttentionOptions GraphExecutor<Scalar>::attention_options(const SublayerGraph& graph,
+                                                          const BranchContext<Scalar>& context) const {
+  AttentionOptions options;
+  options.heads = context.heads;
+  options.norm = context.norm;
+  options.qkv_norm = graph.qkv_norm();
+  const double head_dim = static_cast<double>(context.weights->w_q.cols()) / context.heads;
+  options.score_scale = graph.score_scale().value_or(1.0 / std::sqrt(head_dim));
+  return options;
+}
+
+template <typename Scalar>
+void GraphExecutor<Scalar>::forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
+                                    const BranchContext<Scalar>& context) {
+  const int count = graph.value_count();
+  if (static_cast<int>(values_.size()) < count) {
+    values_.resize(count);
+    cotangents_.resize(count);
+    norm_stats_.resize(count);
+  }
+  for (int i = 0; i < graph.input_count(); ++i) values_[i] = inputs[i];
+  int id = graph.input_count();
+  for (const Node& node : graph.nodes()) {
+    Mat<Scalar>& out = values_[id];
+    const Mat<Scalar>& a = values_[node.lhs];
+    switch (node.op) {
+      case NodeOp::add:
+        out = a + values_[node.rhs];
+        break;
+      case NodeOp::scale:
+        out = static_cast<Scalar>(node.factor) * a;
+        break;
+      case NodeOp::norm:
+        norm_forward(context.norm, 1, a, out, norm_stats_[id]);
+        break;
+      case NodeOp::unit:
+        unit_rows_forward(1, a, out, norm_stats_[id]);
+        break;
+      case NodeOp::branch:
+        if (context.branch == BranchKind::rotation) {
+          rotation_forward(a, out);
+        } else if (context.kind == SublayerKind::attn) {
+          attention_forward(a, *context.weights, attention_options(graph, context), attention_, out);
+        } else {
+          ffn_forward(a, *context.weights, ffn_, out);
+        }
+        break;
+    }
+    ++id;
+  }
+}
+
+template <typename Scalar>
+void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_outputs,
+                                     bool through_branch, const BranchContext<Scalar>& context,
+                                     std::vector<Mat<Scalar>>& d_inputs, ParamGradSquares* param_grads) {
+  const Eigen::Index rows = d_outputs.front().rows();
+  for (int id = 0; id < graph.value_count(); ++id) cotangents_[id].setZero(rows, values_[id].cols());
+  for (std::size_t i = 0; i < graph.outputs().size(); ++i) cotangents_[graph.outputs()[i]] += d_outputs[i];
+
+  const auto& nodes = graph.nodes();
+  for (int index = static_cast<int>(nodes.size()) - 1; index >= 0; --index) {
+    const Node& node = nodes[index];
+    const int id = graph.input_count() + index;
+    const Mat<Scalar>& d_out = cotangents_[id];
+    Mat<Scalar>& d_a = cotangents_[node.lhs];
+    switch (node.op) {
+      case NodeOp::add:
+        d_a += d_out;
+        cotangents_[node.rhs] += d_out;
+        break;
+      case NodeOp::scale:
+        d_a += static_cast<Scalar>(node.factor) * d_out;
+        break;
+      case NodeOp::norm:
+        norm_backward(context.norm, 1, values_[id], norm_stats_[id], d_out, d_a);
+        break;
+      case NodeOp::unit:
+        unit_rows_backward(1, values_[id], norm_stats_[id], d_out, d_a);
+        break;
+      case NodeOp::branch:
+        if (!through_branch) break;
+        if (context.branch == BranchKind::rotation) {
+          rotation_backward(d_out, d_a);
+        } else if (context.kind == SublayerKind::attn) {
+          attention_backward(values_[node.lhs], *context.weights, attention_options(graph, context), attention_, d_out,
+                             d_a, param_grads);
+        } else {
+          ffn_backward(values_[node.lhs], *context.weights, ffn_, d_out, d_a, param_grads);
+        }
+        break;
+    }
+  }
+  d_inputs.resize(graph.input_count());
+  for (int i = 0; i < graph.input_count(); ++i) d_inputs[i] = cotangents_[i];
+}
+
+template class GraphExecutor<float>;
+template class GraphExecutor<double>;
+
+}  // namespace gradflow

@@ -1,0 +1,91 @@
+// GELU and the feed-forward sublayer, forward and backward.
+#include <cmath>
+#include <numbers>
+
+#include "gradflow/ops.hpp"
+
+namespace gradflow {
+
+template <typename Scalar>
+void gelu_forward(const Mat<Scalar>& x, Mat<Scalar>& y) {
+  const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
+  y.resize(x.rows(), x.cols());
+  const Scalar* in = x.data();
+  Scalar* out = y.data();
+  for (Eigen::Index i = 0; i < x.size(); ++i) out[i] = Scalar(0.5) * in[i] * (Scalar(1) + std::erf(in[i] * inv_sqrt2));
+}
+
+template <typename Scalar>
+void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx) {
+  // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+  const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
+  const Scalar inv_sqrt_2pi = static_cast<Scalar>(1.0 / std::sqrt(2.0 * std::numbers::pi));
+  const Eigen::Index per_probe = x.size();
+  const Scalar* in = x.data();
+  for (Eigen::Index block = 0; block < dy.size(); block += per_probe) {
+    const Scalar* d_out = dy.data() + block;
+    Scalar* d_in = dx.data() + block;
+    for (Eigen::Index i = 0; i < per_probe; ++i) {
+      const Scalar v = in[i];
+      const Scalar slope = Scalar(0.5) * (Scalar(1) + std::erf(v * inv_sqrt2)) + v * inv_sqrt_2pi * std::exp(Scalar(-0.5) * v * v);
+      d_in[i] += d_out[i] * slope;
+    }
+  }
+}
+
+template <typename Scalar>
+void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, Mat<Scalar>& out) {
+  cache.hidden_pre.noalias() = x * w.w_1;  // (T, 4d)
+  gelu_forward(cache.hidden_pre, cache.hidden);
+  out.noalias() = cache.hidden * w.w_2;  // (T, d)
+}
+
+template <typename Scalar>
+void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
+                  const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads) {
+  const Eigen::Index tokens = x.rows();
+  cache.d_hidden.noalias() = d_out * w.w_2.transpose();  // (K*T, 4d)
+  cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
+  gelu_backward(cache.hidden_pre, cache.d_hidden, cache.d_hidden_pre);
+  dx.noalias() += cache.d_hidden_pre * w.w_1.transpose();  // (K*T, d)
+  if (param_grads) {
+    const Eigen::Index probes = d_out.rows() / tokens;
+    param_grads->assign(probes, 0.0);
+    for (Eigen::Index k = 0; k < probes; ++k) {
+      const Mat<Scalar> d_w2 = cache.hidden.transpose() * d_out.middleRows(k * tokens, tokens);
+      const Mat<Scalar> d_w1 = x.transpose() * cache.d_hidden_pre.middleRows(k * tokens, tokens);
+      (*param_grads)[k] = static_cast<double>(d_w2.squaredNorm()) + static_cast<double>(d_w1.squaredNorm());
+    }
+  }
+}
+
+template <typename Scalar>
+void rotation_forward(const Mat<Scalar>& x, Mat<Scalar>& out) {
+  out.resize(x.rows(), x.cols());
+  for (Eigen::Index c = 0; c + 1 < x.cols(); c += 2) {  // (a, b) -> (-b, a)
+    out.col(c) = -x.col(c + 1);
+    out.col(c + 1) = x.col(c);
+  }
+}
+
+template <typename Scalar>
+void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
+  for (Eigen::Index c = 0; c + 1 < d_out.cols(); c += 2) {  // transpose of the rotation
+    dx.col(c) += d_out.col(c + 1);
+    dx.col(c + 1) -= d_out.col(c);
+  }
+}
+
+#define GRADFLOW_INSTANTIATE_FFN(Scalar)                                                                          \
+  template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                           \
+  template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);                      \
+  template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&,        \
+                                    Mat<Scalar>&);                                                                \
+  template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&,       \
+                                     const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*);                        \
+  template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                       \
+  template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);
+GRADFLOW_INSTANTIATE_FFN(float)
+GRADFLOW_INSTANTIATE_FFN(double)
+
+}  // namespace gradflow

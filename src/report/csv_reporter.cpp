@@ -1,0 +1,60 @@
+// CSV reporter: tidy RFC 4180 rows, one per (arch, blocks, seed, state index). Sublayer figures on
+// row l describe sublayer l (x_l -> x_{l+1}) and are empty on the last row.
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <set>
+
+#include "gradflow/report.hpp"
+
+namespace gradflow {
+
+namespace {
+std::string cell(double value) { return std::isfinite(value) ? fmt::format("{}", value) : std::string(); }
+
+// Union of the multi-stream names across the report, in first-seen order.
+std::vector<std::string> stream_names(const AnalysisReport& report) {
+  std::vector<std::string> names;
+  for (const auto& result : report.results) {
+    if (result.arch->streams.size() < 2) continue;
+    for (const auto name : result.arch->streams) {
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.emplace_back(name);
+    }
+  }
+  return names;
+}
+}  // namespace
+
+void write_csv(const AnalysisReport& report, std::ostream& out) {
+  if (report.results.empty()) return;
+  const SeedResult& first = report.results.front().seeds.front();
+  const auto streams = stream_names(report);
+  out << "arch,blocks,sublayers,seed,index,kind,block";
+  for (const auto& name : first.states.names) out << ',' << name;
+  for (const auto& name : first.sublayers.names) out << ',' << name;
+  for (const auto& stream : streams) out << ",rms_" << stream << ",log10_grad_" << stream;
+  out << "\r\n";
+  for (const ArchResult& result : report.results) {
+    const int sublayers = result.config.sublayers();
+    for (const SeedResult& seed : result.seeds) {
+      for (int l = 0; l <= sublayers; ++l) {
+        const bool has_sublayer = l < sublayers;
+        out << result.arch->id << ',' << result.config.blocks << ',' << sublayers << ',' << seed.seed << ',' << l << ','
+            << (has_sublayer ? to_string(seed.kinds[l]) : "") << ',' << (has_sublayer ? fmt::format("{}", seed.blocks[l]) : "");
+        for (const auto& column : seed.states.values) out << ',' << cell(column[l]);
+        for (const auto& column : seed.sublayers.values) out << ',' << (has_sublayer ? cell(column[l]) : "");
+        for (const auto& name : streams) {
+          const StreamFigures* match = nullptr;
+          for (const auto& s : seed.streams) {
+            if (s.name == name && seed.streams.size() > 1) match = &s;
+          }
+          out << ',' << (match ? cell(match->states.values[0][l]) : "") << ','
+              << (match ? cell(match->states.values[1][l]) : "");
+        }
+        out << "\r\n";
+      }
+    }
+  }
+}
+
+}  // namespace gradflow

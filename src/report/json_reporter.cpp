@@ -1,0 +1,207 @@
+// JSON reporter: one self-describing document (metrics.md "Output contract"). Non-finite numbers
+// become null, and `diverged` says why.
+#include <cmath>
+
+#include "gradflow/report.hpp"
+
+namespace gradflow {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+
+json number(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
+
+json numbers(const std::vector<double>& values) {
+  json out = json::array();
+  for (double v : values) out.push_back(number(v));
+  return out;
+}
+
+json columns_to_json(const FigureColumns& columns) {
+  json out = json::object();
+  for (std::size_t i = 0; i < columns.names.size(); ++i) out[columns.names[i]] = numbers(columns.values[i]);
+  return out;
+}
+
+json index_range(int count) {
+  json out = json::array();
+  for (int i = 0; i < count; ++i) out.push_back(i);
+  return out;
+}
+
+json growth_to_json(const GrowthFit& fit) {
+  return {{"exponent", number(fit.exponent)},
+          {"standard_error", number(fit.standard_error)},
+          {"class", fit.growth_class},
+          {"fitted_states", {fit.first_state, fit.first_state + fit.points - 1}}};
+}
+
+json seed_to_json(const SeedResult& seed) {
+  json states = {{"index", index_range(static_cast<int>(seed.states.values.front().size()))}};
+  states.update(columns_to_json(seed.states));
+  json streams = json::object();
+  for (const auto& stream : seed.streams) streams[stream.name] = columns_to_json(stream.states);
+  states["streams"] = streams;
+
+  json kinds = json::array();
+  for (const SublayerKind kind : seed.kinds) kinds.push_back(to_string(kind));
+  json sublayers = {{"index", index_range(static_cast<int>(seed.kinds.size()))}, {"kind", kinds}, {"block", seed.blocks}};
+  sublayers.update(columns_to_json(seed.sublayers));
+
+  json stream_growth = json::object();
+  for (const auto& stream : seed.streams) stream_growth[stream.name] = growth_to_json(stream.growth);
+  json summary = {
+      {"log10_grad_ratio", number(seed.log10_grad_ratio)},
+      {"gain_min", {{"value", number(seed.gain_min.value)}, {"sublayer", seed.gain_min.sublayer}}},
+      {"gain_max", {{"value", number(seed.gain_max.value)}, {"sublayer", seed.gain_max.sublayer}}},
+      {"growth_exponent", number(seed.growth.exponent)},
+      {"growth_exponent_se", number(seed.growth.standard_error)},
+      {"growth_class", seed.growth.growth_class},
+      {"growth_fit", growth_to_json(seed.growth)},
+      {"stream_growth", stream_growth},
+      {"diverged", nullptr},
+  };
+  if (seed.diverged) {
+    summary["diverged"] = {{"sublayer", seed.diverged->sublayer},
+                           {"phase", seed.diverged->phase},
+                           {"reason", seed.diverged->reason}};
+  }
+  return {{"seed", seed.seed},
+          {"states", states},
+          {"sublayers", sublayers},
+          {"summary", summary},
+          {"timing", {{"seconds", seed.seconds}}}};
+}
+
+json spread_arrays(const std::vector<const std::vector<double>*>& per_seed) {
+  const std::size_t length = per_seed.front()->size();
+  std::vector<double> mean(length), std(length), low(length), high(length), samples(per_seed.size());
+  for (std::size_t i = 0; i < length; ++i) {
+    for (std::size_t s = 0; s < per_seed.size(); ++s) samples[s] = (*per_seed[s])[i];
+    const Spread sp = spread(samples);
+    mean[i] = sp.mean, std[i] = sp.std, low[i] = sp.ci95_low, high[i] = sp.ci95_high;
+  }
+  return {{"mean", numbers(mean)}, {"std", numbers(std)}, {"ci95_low", numbers(low)}, {"ci95_high", numbers(high)}};
+}
+
+json spread_to_json(const std::vector<double>& samples) {
+  const Spread sp = spread(samples);
+  return {{"mean", number(sp.mean)}, {"std", number(sp.std)}, {"ci95_low", number(sp.ci95_low)},
+          {"ci95_high", number(sp.ci95_high)}};
+}
+
+json aggregate_columns(const std::vector<SeedResult>& seeds, const FigureColumns SeedResult::*member) {
+  json out = json::object();
+  const FigureColumns& first = seeds.front().*member;
+  for (std::size_t c = 0; c < first.names.size(); ++c) {
+    std::vector<const std::vector<double>*> per_seed;
+    for (const auto& seed : seeds) per_seed.push_back(&(seed.*member).values[c]);
+    out[first.names[c]] = spread_arrays(per_seed);
+  }
+  return out;
+}
+
+json aggregate_to_json(const std::vector<SeedResult>& seeds) {
+  std::vector<double> ratio, exponent, gain_min, gain_max;
+  for (const auto& seed : seeds) {
+    ratio.push_back(seed.log10_grad_ratio);
+    exponent.push_back(seed.growth.exponent);
+    gain_min.push_back(seed.gain_min.value);
+    gain_max.push_back(seed.gain_max.value);
+  }
+  return {{"seed_count", seeds.size()},
+          {"interval", "95% t-interval of the mean across seeds"},
+          {"states", aggregate_columns(seeds, &SeedResult::states)},
+          {"sublayers", aggregate_columns(seeds, &SeedResult::sublayers)},
+          {"summary",
+           {{"log10_grad_ratio", spread_to_json(ratio)},
+            {"growth_exponent", spread_to_json(exponent)},
+            {"growth_class", growth_class(spread(exponent).mean)},
+            {"gain_min", spread_to_json(gain_min)},
+            {"gain_max", spread_to_json(gain_max)}}}};
+}
+}  // namespace
+
+json config_to_json(const ArchResult& result) {
+  const ModelConfig& c = result.config;
+  const Architecture& arch = *result.arch;
+  json constants = json::object();
+  for (const Constant& k : result.constants) {
+    constants[k.name] = {{"value", k.value}, {"formula", k.formula}, {"unit", k.unit}};
+  }
+  json seeds = json::array();
+  for (const auto& seed : result.seeds) seeds.push_back(seed.seed);
+  json config = {{"arch", std::string(arch.id)},
+                 {"update_rule", std::string(arch.update_rule)},
+                 {"final_norm", std::string(arch.final_norm)},
+                 {"citation", std::string(arch.citation)},
+                 {"provisional", arch.provisional},
+                 {"blocks", c.blocks},
+                 {"sublayers", c.sublayers()},
+                 {"block", to_string(c.block)},
+                 {"width", c.width},
+                 {"heads", c.heads},
+                 {"head_dim", c.head_dim()},
+                 {"ffn_hidden", c.ffn_hidden()},
+                 {"seq", c.seq},
+                 {"norm", to_string(c.norm)},
+                 {"norm_eps", kNormEps},
+                 {"init", to_string(c.init)},
+                 {"precision", to_string(c.precision)},
+                 {"branch", to_string(c.branch)},
+                 {"probes", c.probes},
+                 {"input_corr", c.input_corr},
+                 {"seeds", seeds},
+                 {"streams", json::array()},
+                 {"constants", constants}};
+  for (const auto name : arch.streams) config["streams"].push_back(std::string(name));
+  if (arch.id == "keel") config["keel_variant"] = c.keel_variant;
+  if (c.norm == NormKind::dyt) config["dyt_alpha"] = kDytAlpha;
+  return config;
+}
+
+json report_to_json(const AnalysisReport& report) {
+  json runs = json::array();
+  for (const ArchResult& result : report.results) {
+    json seeds = json::array();
+    for (const auto& seed : result.seeds) seeds.push_back(seed_to_json(seed));
+    runs.push_back({{"arch", std::string(result.arch->id)},
+                    {"config", config_to_json(result)},
+                    {"seeds", seeds},
+                    {"aggregate", aggregate_to_json(result.seeds)}});
+  }
+  return {{"schema_version", kSchemaVersion},
+          {"tool", {{"name", "gradflow"}, {"version", GRADFLOW_VERSION}}},
+          {"command", "analyze"},
+          {"threads", report.threads},
+          {"runs", runs},
+          {"timing", {{"total_seconds", report.total_seconds}}}};
+}
+
+void write_json(const AnalysisReport& report, std::ostream& out) { out << report_to_json(report).dump() << '\n'; }
+
+json architecture_to_json(const Architecture& arch, const ModelConfig& config) {
+  json constants = json::array();
+  for (const Constant& k : resolve_constants(arch, config)) {
+    constants.push_back({{"name", k.name}, {"value", k.value}, {"formula", k.formula}, {"unit", k.unit}});
+  }
+  json aliases = json::array();
+  for (const auto alias : arch.aliases) aliases.push_back(std::string(alias));
+  json streams = json::array();
+  for (const auto name : arch.streams) streams.push_back(std::string(name));
+  json out = {{"id", std::string(arch.id)},
+              {"aliases", aliases},
+              {"update_rule", std::string(arch.update_rule)},
+              {"final_norm", std::string(arch.final_norm)},
+              {"constants", constants},
+              {"citation", std::string(arch.citation)},
+              {"provisional", arch.provisional},
+              {"streams", streams},
+              {"expected_growth_class", std::string(arch.expected_growth)}};
+  if (arch.provisional) out["provisional_note"] = std::string(arch.provisional_note);
+  return out;
+}
+
+}  // namespace gradflow

@@ -1,0 +1,67 @@
+// Counter-based normal generator: SplitMix64 counters and a vectorised Box-Muller transform.
+#include "gradflow/rng.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <numbers>
+
+namespace gradflow {
+
+namespace {
+constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // 2^64 / phi, SplitMix64's increment
+constexpr std::size_t kChunkPairs = 512;                   // pairs generated per vectorised chunk
+constexpr float kTwoToMinus24 = 1.0f / 16777216.0f;
+
+// Writes 2 * pair_count standard normals for pairs [first_pair, first_pair + pair_count).
+void standard_normal_pairs(std::uint64_t key, std::uint64_t first_pair, std::size_t pair_count, float* cos_out,
+                           float* sin_out) {
+  Eigen::ArrayXf u_radius(pair_count), u_angle(pair_count);
+  for (std::size_t j = 0; j < pair_count; ++j) {
+    const std::uint64_t bits = mix64(key + (first_pair + j + 1) * kGolden);
+    // 24-bit uniforms: radius draw in (0, 1] (log never sees 0), angle draw in [0, 1).
+    u_radius[j] = static_cast<float>((bits >> 40) + 1) * kTwoToMinus24;
+    u_angle[j] = static_cast<float>((bits >> 8) & 0xFFFFFFu) * kTwoToMinus24;
+  }
+  const Eigen::ArrayXf radius = (-2.0f * u_radius.log()).sqrt();
+  const Eigen::ArrayXf angle = (2.0f * std::numbers::pi_v<float>)*u_angle;
+  Eigen::Map<Eigen::ArrayXf>(cos_out, pair_count) = radius * angle.cos();
+  Eigen::Map<Eigen::ArrayXf>(sin_out, pair_count) = radius * angle.sin();
+}
+
+template <typename Scalar>
+void fill_normal_impl(std::uint64_t key, Scalar stddev, Scalar* out, std::size_t count) {
+  float cos_part[kChunkPairs], sin_part[kChunkPairs];
+  const std::size_t pairs = (count + 1) / 2;
+  for (std::size_t first = 0; first < pairs; first += kChunkPairs) {
+    const std::size_t n = std::min(kChunkPairs, pairs - first);
+    standard_normal_pairs(key, first, n, cos_part, sin_part);
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t i = 2 * (first + j);
+      out[i] = stddev * static_cast<Scalar>(cos_part[j]);
+      if (i + 1 < count) out[i + 1] = stddev * static_cast<Scalar>(sin_part[j]);
+    }
+  }
+}
+}  // namespace
+
+std::uint64_t mix64(std::uint64_t value) {
+  value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9ull;
+  value = (value ^ (value >> 27)) * 0x94D049BB133111EBull;
+  return value ^ (value >> 31);
+}
+
+std::uint64_t stream_key(std::uint64_t seed, RandomUse use, std::uint64_t major, std::uint64_t minor) {
+  std::uint64_t key = mix64(seed + kGolden);
+  key = mix64(key ^ (static_cast<std::uint64_t>(use) * kGolden));
+  key = mix64(key ^ (major + 1) * 0xD1B54A32D192ED03ull);
+  return mix64(key ^ (minor + 1) * 0xAEF17502108EF2D9ull);
+}
+
+void fill_normal(std::uint64_t key, float stddev, float* out, std::size_t count) {
+  fill_normal_impl(key, stddev, out, count);
+}
+void fill_normal(std::uint64_t key, double stddev, double* out, std::size_t count) {
+  fill_normal_impl(key, stddev, out, count);
+}
+
+}  // namespace gradflow

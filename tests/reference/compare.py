@@ -1,0 +1,250 @@
+#!/usr/bin/python3
+"""Compare gradflow's figures with the independent PyTorch reference, on gradflow's own exported weights.
+
+  /usr/bin/python3 tests/reference/compare.py --gradflow build/gradflow --arch keel [--depth 3 --width 16
+        --heads 2 --seq 5 --block attn-ffn --norm rms --init xavier --alpha A --keel-variant v2
+        --mix-ratio R --input-corr r --tol 1e-8 --keep DIR --wrong-variant keel-alpha-on-branch]
+  ... --all            every placement in architectures.md
+
+Runs `BIN analyze --arch ARCH ... --precision f64 --seed 0 --export-weights TMP.safetensors -o TMP.json`,
+rebuilds the stack from the export in float64 torch, and compares per state (rms, log10_grad,
+log10_grad_rel, per-stream rms/log10_grad) and per sublayer (gain, skip_gain, branch_gain, branch_rms,
+stream_share).
+
+Error measure (max over indices, reported per figure):
+  linear figures : |gf - ref| / max(|gf|, |ref|); both below 1e-14 in magnitude counts as 0.
+  log10 figures  : |10**(gf - ref) - 1|, i.e. the relative error of the underlying norm.
+  null vs number : infinite error.
+Exit: 0 all within --tol (default 1e-8), 1 any mismatch (figures or constants), 2 usage / IO / run error.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gradflow_reference as R  # noqa: E402
+
+STATE_FIGS = ["rms", "log10_grad", "log10_grad_rel"]
+SUB_FIGS = ["gain", "skip_gain", "branch_gain", "branch_rms", "stream_share"]
+ABS_FLOOR = 1e-14
+
+
+class UsageError(Exception):
+    pass
+
+
+def err_linear(a, b):
+    if a is None and b is None:
+        return 0.0
+    if a is None or b is None:
+        return math.inf
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return 0.0 if a == b else math.inf
+    m = max(abs(a), abs(b))
+    return 0.0 if m <= ABS_FLOOR else abs(a - b) / m
+
+
+def err_log10(a, b):
+    if a is None and b is None:
+        return 0.0
+    if a is None or b is None:
+        return math.inf
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return 0.0 if a == b else math.inf
+    return abs(math.expm1((a - b) * math.log(10.0)))
+
+
+def compare_series(name, gf, ref, log):
+    """Returns (max_err, index, gf_value, ref_value, note)."""
+    if gf is None:
+        return (math.inf, None, None, None, "missing in gradflow output")
+    if len(gf) != len(ref):
+        return (math.inf, None, len(gf), len(ref), "length differs (gradflow, reference)")
+    f = err_log10 if log else err_linear
+    worst = (0.0, None, None, None, "")
+    for i, (a, b) in enumerate(zip(gf, ref)):
+        e = f(a, b)
+        if e > worst[0] or (worst[1] is None and i == 0):
+            worst = (e, i, a, b, "")
+    return worst
+
+
+def find_export(base):
+    if os.path.exists(base):
+        return base
+    stem, ext = os.path.splitext(base)
+    hits = sorted(glob.glob(stem + ".*" + ext))
+    if len(hits) == 1:
+        return hits[0]
+    raise UsageError(f"export file {base} not written (candidates: {hits})")
+
+
+def run_gradflow(args, arch, tmp):
+    exp = os.path.join(tmp, f"{arch}.safetensors")
+    out = os.path.join(tmp, f"{arch}.json")
+    cmd = [args.gradflow, "analyze", "--arch", arch, "--depth", str(args.depth), "--width", str(args.width),
+           "--heads", str(args.heads), "--seq", str(args.seq), "--block", args.block, "--norm", args.norm,
+           "--init", args.init, "--precision", "f64", "--seed", str(args.seed),
+           "--export-weights", exp, "-o", out]
+    for flag, val in (("--alpha", args.alpha), ("--keel-variant", args.keel_variant),
+                      ("--mix-ratio", args.mix_ratio), ("--input-corr", args.input_corr)):
+        if val is not None:
+            cmd += [flag, str(val)]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return cmd, p, exp, out
+
+
+def compare_arch(args, arch, tmp):
+    """Returns (status, rows, notes).  status: OK, MISMATCH, UNSUPPORTED, ERROR."""
+    cmd, p, exp, out = run_gradflow(args, arch, tmp)
+    if p.returncode != 0:
+        msg = (p.stderr or p.stdout).strip().splitlines()
+        msg = msg[-1] if msg else f"exit {p.returncode}"
+        status = "UNSUPPORTED" if p.returncode == 2 and "arch" in msg.lower() else "ERROR"
+        return status, [], [f"gradflow exit {p.returncode}: {msg}", "command: " + " ".join(cmd)]
+    try:
+        exp = find_export(exp)
+        with open(out) as f:
+            doc = json.load(f)
+    except (OSError, ValueError, UsageError) as e:
+        return "ERROR", [], [str(e)]
+    runs = doc.get("runs") or []
+    run = next((r for r in runs if R.ALIASES.get(r.get("arch"), r.get("arch")) == R.ALIASES.get(arch, arch)),
+               runs[0] if runs else None)
+    if run is None or not run.get("seeds"):
+        return "ERROR", [], ["gradflow JSON has no runs[].seeds[]"]
+    seed = run["seeds"][0]
+    overrides = {"block": args.block, "norm": args.norm, "heads": args.heads, "keel_variant": args.keel_variant,
+                 "mix_ratio": args.mix_ratio, "alpha": args.alpha}
+    try:
+        stack, x0, probes, cfg, consts, notes = R.build_from_export(
+            exp, qk_norm=args.qk_norm, lns_index=args.lns_index, wrong_variant=args.wrong_variant,
+            constants_source="spec", overrides=overrides)
+        ref = R.analyze(stack, x0, probes)
+    except (OSError, ValueError, KeyError) as e:
+        return "ERROR", [], [f"reference failed: {e}"]
+
+    # Constants: the reference used the spec (or the explicitly requested override); a different
+    # constant in gradflow's resolved config is a mismatch unless it was explicitly requested.
+    mismatch = False
+    notes = list(notes)
+    jc = dict((run.get("config") or {}).get("constants") or {})
+    _, cnotes = R.resolve_constants(stack.arch, {"constants": jc}, stack.B, stack.S, stack.mix_ratio, "spec")
+    for n in cnotes:
+        if "not used by the reference" in n:
+            notes.append("info: " + n)
+        elif args.alpha is not None and "alpha" in n:
+            notes.append("info (override requested): " + n)
+        else:
+            notes.append("CONSTANT MISMATCH: " + n)
+            mismatch = True
+    notes = [n if n.startswith(("info", "CONSTANT")) else "note: " + n for n in notes]
+
+    rows = []
+    gs, gl = seed.get("states", {}), seed.get("sublayers", {})
+    for fig in STATE_FIGS:
+        rows.append(("state", fig) + compare_series(fig, gs.get(fig), ref["states"][fig], fig.startswith("log10")))
+    for fig in SUB_FIGS:
+        rows.append(("sublayer", fig) + compare_series(fig, gl.get(fig), ref["sublayers"][fig], False))
+    if gl.get("kind") is not None and list(gl["kind"]) != ref["sublayers"]["kind"]:
+        notes.append(f"kind differs: gradflow {gl['kind']} reference {ref['sublayers']['kind']}")
+        mismatch = True
+    gstreams = gs.get("streams") or {}
+    for name, rs in ref["states"]["streams"].items():
+        if name not in gstreams:
+            if len(ref["states"]["streams"]) > 1:
+                notes.append(f"info: stream '{name}' not in gradflow output (has {sorted(gstreams)})")
+            continue
+        for fig in ("rms", "log10_grad"):
+            rows.append((f"stream {name}", fig) + compare_series(fig, gstreams[name].get(fig), rs[fig],
+                                                                 fig == "log10_grad"))
+    for row in rows:
+        if not (row[2] <= args.tol):
+            mismatch = True
+    return ("MISMATCH" if mismatch else "OK"), rows, notes
+
+
+def fmt(v):
+    if v is None:
+        return "null"
+    if isinstance(v, float):
+        return f"{v:.17g}"
+    return str(v)
+
+
+def print_table(arch, status, rows, notes, tol):
+    print(f"== {arch}: {status}")
+    if rows:
+        print(f"   {'where':<10} {'figure':<15} {'max err':>10}  {'at':>3}  {'gradflow':>24}  {'reference':>24}")
+    for where, fig, e, i, a, b, note in rows:
+        flag = "" if e <= tol else "   <-- MISMATCH"
+        es = "inf" if math.isinf(e) else f"{e:.2e}"
+        print(f"   {where:<10} {fig:<15} {es:>10}  {fmt(i):>3}  {fmt(a):>24}  {fmt(b):>24}{flag}"
+              + (f"  ({note})" if note else ""))
+    for n in notes:
+        print("   " + n)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="gradflow vs PyTorch reference")
+    p.add_argument("--gradflow", required=True, help="path to the gradflow binary")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--arch")
+    g.add_argument("--all", action="store_true", help="every placement of architectures.md")
+    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--width", type=int, default=16)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--seq", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block", default="attn-ffn", choices=["attn-ffn", "ffn", "attn"])
+    p.add_argument("--norm", default="rms", choices=["rms", "layer", "dyt"])
+    p.add_argument("--init", default="xavier", choices=["xavier", "gpt2", "small"])
+    p.add_argument("--alpha", type=float)
+    p.add_argument("--keel-variant", choices=["v1", "v2"])
+    p.add_argument("--mix-ratio", type=float)
+    p.add_argument("--input-corr", type=float)
+    p.add_argument("--tol", type=float, default=1e-8)
+    p.add_argument("--qk-norm", choices=["rms", "follow"], default="rms",
+                   help="norm type of q/k/v norms inside attention (hybridnorm, olmo2): RMSNorm or --norm")
+    p.add_argument("--lns-index", choices=["sublayer", "block"], default="sublayer",
+                   help="which l in lns' 1/sqrt(l+1)")
+    p.add_argument("--wrong-variant", choices=["keel-alpha-on-branch"],
+                   help="deliberately build a WRONG reference (test that mismatches are caught)")
+    p.add_argument("--keep", help="keep the exports and gradflow JSON in this directory")
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:
+        return 2 if e.code else 0
+    if not (os.path.isfile(args.gradflow) and os.access(args.gradflow, os.X_OK)):
+        print(f"compare.py: gradflow binary not found or not executable: {args.gradflow}", file=sys.stderr)
+        return 2
+    archs = R.ARCHS if args.all else [args.arch]
+    tmp = args.keep or tempfile.mkdtemp(prefix="gf_compare_")
+    os.makedirs(tmp, exist_ok=True)
+    results = []
+    try:
+        for arch in archs:
+            status, rows, notes = compare_arch(args, arch, tmp)
+            print_table(arch, status, rows, notes, args.tol)
+            results.append((arch, status))
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("\nsummary: " + ", ".join(f"{a}={s}" for a, s in results))
+    statuses = {s for _, s in results}
+    if "MISMATCH" in statuses:
+        return 1
+    if "ERROR" in statuses or (not args.all and "UNSUPPORTED" in statuses):
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

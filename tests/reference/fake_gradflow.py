@@ -1,0 +1,60 @@
+#!/usr/bin/python3
+"""A stand-in for `gradflow analyze` (test fixture for compare.py only, NOT a gradflow implementation):
+writes random weights to --export-weights in the CONTRACT.md layout and a CONTRACT.md-shaped JSON whose
+figures come from the reference itself.  `--perturb FIG` scales one figure by (1 + 1e-6) so the
+comparison must fail."""
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gradflow_reference as R  # noqa: E402
+import test_reference_selftest as T  # noqa: E402
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] != "analyze":
+        print("fake_gradflow: usage: analyze ...", file=sys.stderr)
+        return 2
+    p = argparse.ArgumentParser()
+    for f in ("--arch", "--block", "--norm", "--init", "--precision", "--export-weights", "-o",
+              "--keel-variant", "--perturb"):
+        p.add_argument(f)
+    for f in ("--depth", "--width", "--heads", "--seq", "--seed"):
+        p.add_argument(f, type=int)
+    for f in ("--alpha", "--mix-ratio", "--input-corr"):
+        p.add_argument(f, type=float)
+    a = p.parse_args(sys.argv[2:])
+    perturb = a.perturb or os.environ.get("FAKE_GRADFLOW_PERTURB")
+    arch = R.ALIASES.get(a.arch, a.arch)
+    if arch not in R.ARCHS:
+        print(f"gradflow: unknown arch '{a.arch}'", file=sys.stderr)
+        return 2
+    B = a.depth
+    S = 2 * B if a.block == "attn-ffn" else B
+    t = T.make_tensors(B, a.width, a.seq, a.block, 1, a.seed)
+    consts = R.spec_constants(arch, B, S, a.mix_ratio if a.mix_ratio is not None else 0.25)
+    if a.alpha is not None and "alpha" in consts:
+        consts["alpha"] = a.alpha
+    cfg = {"arch": arch, "blocks": B, "sublayers": S, "width": a.width, "heads": a.heads, "seq": a.seq,
+           "block": a.block, "norm": a.norm, "norm_eps": 1e-6, "init": a.init, "precision": a.precision,
+           "probes": 1, "seeds": [a.seed], "constants": consts, "keel_variant": a.keel_variant or "v2",
+           "mix_ratio": a.mix_ratio if a.mix_ratio is not None else 0.25}
+    R.write_safetensors(a.export_weights, t, {"arch": arch, "seed": a.seed, "config": json.dumps(cfg)})
+    res = R.run_reference(a.export_weights)
+    if perturb:
+        for part in ("states", "sublayers"):
+            if perturb in res[part]:
+                res[part][perturb] = [v * (1 + 1e-6) if v is not None else v for v in res[part][perturb]]
+    doc = {"schema_version": 1, "tool": {"name": "gradflow", "version": "fake"}, "command": "analyze",
+           "runs": [{"arch": arch, "config": cfg,
+                     "seeds": [{"seed": a.seed, "states": res["states"], "sublayers": res["sublayers"]}]}]}
+    with open(a.o, "w") as f:
+        json.dump(doc, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

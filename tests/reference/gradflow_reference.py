@@ -1,0 +1,717 @@
+#!/usr/bin/python3
+"""Independent PyTorch (float64) reference for gradflow's per-state / per-sublayer figures.
+
+Written from /work/shared/spec/architectures.md, /work/shared/spec/metrics.md and
+/work/contract/CONTRACT.md only (never from the C++ sources).  Citations in comments:
+  [A]  architectures.md      [M]  metrics.md      [C]  CONTRACT.md
+
+Usage:
+  /usr/bin/python3 gradflow_reference.py FILE.safetensors [-o OUT.json]
+      [--wrong-variant keel-alpha-on-branch] [--qk-norm rms|follow] [--lns-index sublayer|block]
+      [--constants config|spec]
+
+Input: a safetensors file as written by `gradflow analyze --export-weights` ([C] "Export").
+Output: JSON {"arch", "config", "constants", "constant_notes", "states": {...}, "sublayers": {...}}.
+"""
+import argparse
+import json
+import math
+import struct
+import sys
+
+import numpy as np
+import torch
+
+torch.set_default_dtype(torch.float64)
+
+EPS = 1e-6  # [C] "eps = 1e-6 for all norms"
+
+# ----------------------------------------------------------------------------------------------
+# safetensors I/O (format: u64 little-endian header length, JSON header, raw little-endian bytes)
+# ----------------------------------------------------------------------------------------------
+_DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+           "I64": np.dtype("<i8"), "I32": np.dtype("<i4")}
+
+
+def read_safetensors(path):
+    """Return (tensors: dict name -> np.ndarray, metadata: dict str -> str)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ValueError(f"{path}: too short for a safetensors file")
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + hlen].decode("utf-8"))
+    data = raw[8 + hlen:]
+    meta = header.pop("__metadata__", {}) or {}
+    tensors = {}
+    for name, info in header.items():
+        dt = _DTYPES[info["dtype"]]
+        start, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        arr = np.frombuffer(data[start:end], dtype=dt)
+        if arr.size != int(np.prod(shape, dtype=np.int64)):
+            raise ValueError(f"{path}: tensor {name} has {arr.size} elements, shape {shape}")
+        tensors[name] = arr.reshape(shape).astype(np.float64)
+    return tensors, meta
+
+
+def write_safetensors(path, tensors, metadata=None, dtype="F64"):
+    """Minimal writer (used by the self-tests to make synthetic exports)."""
+    dt = _DTYPES[dtype]
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        arr = np.ascontiguousarray(np.asarray(tensors[name], dtype=dt))
+        b = arr.tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    if metadata is not None:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    h = json.dumps(header).encode("utf-8")
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Elementary ops (all per token = per row, [C] "Norms act per token (per row)")
+# ----------------------------------------------------------------------------------------------
+def rms_norm(x):
+    # [C] RMSNorm y = x / sqrt(mean_j x_j^2 + eps), gamma = 1, no bias
+    return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + EPS)
+
+
+def layer_norm(x):
+    # [C] LayerNorm y = (x - mean) / sqrt(var + eps) (biased var), gamma = 1, no bias
+    mu = x.mean(dim=-1, keepdim=True)
+    xc = x - mu
+    var = (xc * xc).mean(dim=-1, keepdim=True)
+    return xc / torch.sqrt(var + EPS)
+
+
+def dyt(x):
+    # [C] DyT y = tanh(0.5 * x); [A] "gamma tanh(a x), a = 0.5" (Zhu et al. 2025)
+    return torch.tanh(0.5 * x)
+
+
+NORMS = {"rms": rms_norm, "layer": layer_norm, "dyt": dyt}
+
+
+def unit(v):
+    # [A] nGPT: U(v) = v / norm(v) per token (no eps is specified for U)
+    return v / torch.sqrt((v * v).sum(dim=-1, keepdim=True))
+
+
+def gelu(x):
+    # [C] GELU erf form: 0.5 x (1 + erf(x / sqrt 2))
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def ffn(x, W):
+    # [C] FFN(x) = gelu(x @ W_1) @ W_2, hidden 4d, no biases
+    return gelu(x @ W["W_1"]) @ W["W_2"]
+
+
+def split_heads(M, heads):
+    # [C] "split into `heads` contiguous column blocks of d_h = d/heads" -> (heads, T, d_h)
+    T, d = M.shape
+    return M.reshape(T, heads, d // heads).transpose(0, 1)
+
+
+def merge_heads(M):
+    # [C] "heads concatenated in order"
+    h, T, dh = M.shape
+    return M.transpose(0, 1).reshape(T, h * dh)
+
+
+def causal_softmax(scores):
+    # [C] softmax(causal_mask(...)): token t attends to s <= t
+    T = scores.shape[-1]
+    mask = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+    return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+
+
+def attention(x, W, heads, qk="none", qk_norm=rms_norm):
+    """[C] Attn(X): Q = X W_Q, K = X W_K, V = X W_V; per head softmax(causal(Q_h K_h^T / sqrt(d_h))) V_h;
+    concat heads; @ W_O.  Variants (all part of F, [C] "including any q/k/v norms inside attention"):
+      qk="qkv-per-head": [A] hybridnorm "per-head RMSNorm on Q, K and V"
+      qk="qk-full":      [A] olmo2 "QK-norm over full q and k" (norm over all d columns, before the split)
+      qk="ngpt":         [A] ngpt "q, k unit-normalised per head, softmax scale sqrt(d_h)"
+    """
+    Q, K, V = x @ W["W_Q"], x @ W["W_K"], x @ W["W_V"]
+    if qk == "qk-full":
+        Q, K = qk_norm(Q), qk_norm(K)
+    Qh, Kh, Vh = split_heads(Q, heads), split_heads(K, heads), split_heads(V, heads)
+    dh = Qh.shape[-1]
+    if qk == "qkv-per-head":
+        Qh, Kh, Vh = qk_norm(Qh), qk_norm(Kh), qk_norm(Vh)
+    if qk == "ngpt":
+        Qh, Kh = unit(Qh), unit(Kh)
+        scale = math.sqrt(dh)           # [A] ngpt: softmax scale sqrt(d_h) (multiplies)
+    else:
+        scale = 1.0 / math.sqrt(dh)     # [C] Q_h K_h^T / sqrt(d_h)
+    P = causal_softmax((Qh @ Kh.transpose(-1, -2)) * scale)
+    return merge_heads(P @ Vh) @ W["W_O"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration and constants
+# ----------------------------------------------------------------------------------------------
+ALIASES = {"sandwich-ln": "peri-ln"}  # [A] "`peri-ln` (alias `sandwich-ln`)"
+
+ARCHS = ["post-ln", "pre-ln", "deepnorm", "deepnorm-glm", "keel", "mix-ln", "hybridnorm",
+         "hybridnorm-star", "resi-dual", "siamese-norm", "span-norm", "peri-ln", "olmo2", "admin",
+         "rezero", "layerscale", "depth-mup", "deepscalelm", "ngpt", "lns", "plain"]
+
+FINAL_NORM = {"pre-ln", "mix-ln", "hybridnorm", "hybridnorm-star", "peri-ln", "olmo2",
+              "layerscale", "depth-mup", "deepscalelm", "lns"}  # [A] "final norm" column = yes
+
+
+def spec_constants(arch, B, S, mix_ratio=0.25):
+    """Constants recomputed from architectures.md (with their unit)."""
+    if arch == "deepnorm":
+        # [A] decoder-only: a = (2B)^(1/4), b = (8B)^(-1/4) (blocks)
+        return {"alpha": (2.0 * B) ** 0.25, "beta": (8.0 * B) ** -0.25}
+    if arch == "deepnorm-glm":
+        # [A] GLM-130B's a = (2B)^(1/2), b = (2B)^(-1/2)
+        return {"alpha": (2.0 * B) ** 0.5, "beta": (2.0 * B) ** -0.5}
+    if arch == "keel":
+        return {"alpha": float(S)}  # [A] keel: a = S (sublayers)
+    if arch == "mix-ln":
+        # [A] blocks b < floor(r B): post-ln; r = 0.25
+        return {"mix_ratio": mix_ratio, "post_ln_blocks": int(math.floor(mix_ratio * B))}
+    if arch == "rezero":
+        return {"alpha": 0.0}  # [A] rezero: a = 0 at init
+    if arch == "layerscale":
+        # [A] lambda = 0.1 if B <= 18, 1e-5 if B <= 24, else 1e-6
+        return {"lambda": 0.1 if B <= 18 else (1e-5 if B <= 24 else 1e-6)}
+    if arch == "depth-mup":
+        return {"alpha": 1.0, "scale": 1.0 / math.sqrt(S)}  # [A] (a / sqrt(S)), a = 1
+    if arch == "deepscalelm":
+        b2 = 2.0 / S  # [A] l^2 + b^2 = 1, b^2 = 2 / S
+        return {"beta": math.sqrt(b2), "lambda": math.sqrt(1.0 - b2) if b2 <= 1 else float("nan")}
+    if arch == "ngpt":
+        return {"alpha": 0.05}  # [A] ngpt: a = 0.05
+    return {}
+
+
+# names under which the config may carry a constant (we accept several spellings)
+_CONST_KEYS = {
+    "alpha": ["alpha", "a"], "beta": ["beta", "b"], "lambda": ["lambda", "l", "lam"],
+    "mix_ratio": ["mix_ratio", "r"], "post_ln_blocks": ["post_ln_blocks"], "scale": ["scale"],
+}
+
+
+def resolve_constants(arch, cfg, B, S, mix_ratio, source="config"):
+    """Spec constants, overridden by the config's `constants` when present (source='config').
+    Returns (constants, notes) where notes list every config/spec disagreement."""
+    spec = spec_constants(arch, B, S, mix_ratio)
+    cc = dict(cfg.get("constants") or {})
+    out, notes = dict(spec), []
+    for name, sval in spec.items():
+        for key in _CONST_KEYS.get(name, [name]):
+            if key in cc and isinstance(cc[key], (int, float)) and not isinstance(cc[key], bool):
+                cval = float(cc[key])
+                if not _close(cval, sval):
+                    notes.append(f"{arch}: config constants.{key} = {cval!r} but spec gives {name} = {sval!r}")
+                if source == "config":
+                    out[name] = cval
+                break
+    known = {k for n in spec for k in _CONST_KEYS.get(n, [n])}
+    for key in cc:
+        if key not in known:
+            notes.append(f"{arch}: config constant '{key}' = {cc[key]!r} not used by the reference")
+    return out, notes
+
+
+def _close(a, b, rtol=1e-12):
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return abs(a - b) <= rtol * max(abs(a), abs(b), 1e-300)
+
+
+# ----------------------------------------------------------------------------------------------
+# The stack: one object per (arch, config, weights)
+# ----------------------------------------------------------------------------------------------
+class Stack:
+    """State = tuple of streams (T x d tensors).  sublayer(l, state, detach_F) returns
+    (new_state, update, presum): update = what is added to the stream after scalings,
+    presum = the (pre-norm) sum the update is added into ([C] branch_rms / stream_share)."""
+
+    def __init__(self, arch, weights, heads, block="attn-ffn", norm="rms", constants=None,
+                 keel_variant="v2", mix_ratio=0.25, qk_norm="rms", lns_index="sublayer",
+                 wrong_variant=None):
+        arch = ALIASES.get(arch, arch)
+        if arch not in ARCHS:
+            raise ValueError(f"unknown arch {arch!r}")
+        self.arch, self.W, self.heads, self.block = arch, weights, heads, block
+        self.N = NORMS[norm]
+        # q/k/v norms inside attention: [A] hybridnorm says "per-head RMSNorm"; 'follow' uses --norm
+        self.QN = rms_norm if qk_norm == "rms" else self.N
+        self.S = len(weights)
+        per_block = 2 if block == "attn-ffn" else 1
+        if self.S % per_block:
+            raise ValueError("odd sublayer count for attn-ffn")
+        self.B = self.S // per_block
+        self.kinds = [self.kind(l) for l in range(self.S)]
+        self.c = dict(constants if constants is not None else spec_constants(arch, self.B, self.S, mix_ratio))
+        self.keel_variant, self.mix_ratio, self.lns_index = keel_variant, mix_ratio, lns_index
+        self.wrong_variant = wrong_variant
+        self.admin_w = None  # filled by forward() for admin
+        # stream names; span-norm's h exists only on the states after an attention sublayer
+        self.streams = {"resi-dual": ["a", "d"], "siamese-norm": ["X", "Y"],
+                        "span-norm": ["x", "h"] if block == "attn-ffn" else ["x"]}.get(arch, ["x"])
+
+    # --- bookkeeping -------------------------------------------------------------------------
+    def kind(self, l):
+        # [C] "S = 2B for attn-ffn (sublayer 2b is attn, 2b+1 is ffn of block b)"
+        if self.block == "attn-ffn":
+            return "attn" if l % 2 == 0 else "ffn"
+        return self.block
+
+    def block_of(self, l):
+        return l // 2 if self.block == "attn-ffn" else l
+
+    def F(self, l, x, detach, qk="none"):
+        """The branch function itself, [C] skip_gain: F = Attn/FFN incl. q/k/v norms, not the input norm."""
+        W = self.W[l]
+        out = attention(x, W, self.heads, qk, self.QN) if self.kinds[l] == "attn" else ffn(x, W)
+        return out.detach() if detach else out
+
+    def first_of_kind(self, l):
+        return self.kinds.index(self.kinds[l]) == l
+
+    # --- input / output ---------------------------------------------------------------------
+    def init_state(self, x0):
+        if self.arch in ("resi-dual", "siamese-norm"):
+            return (x0, x0)  # [A] resi-dual "start a = d = x_0"; siamese "both start at x_0"
+        return (x0,)
+
+    def output(self, state):
+        N = self.N
+        if self.arch == "resi-dual":
+            a, d = state
+            return a + N(d)  # [A] resi-dual "output a_S + N(d_S)"
+        if self.arch == "siamese-norm":
+            X, Y = state
+            return N(N(X) + N(Y))  # [A] siamese "output N_f(N_a(X) + N_b(Y))"
+        if self.arch == "span-norm" and len(state) != 1:
+            raise ValueError("span-norm stack ended mid-block")
+        (x,) = state
+        return N(x) if self.arch in FINAL_NORM else x  # [A] "final norm" column
+
+    # --- one sublayer -----------------------------------------------------------------------
+    def sublayer(self, l, state, detach=False):
+        a, N, c = self.arch, self.N, self.c
+        k = self.kinds[l]
+        b = self.block_of(l)
+
+        if a == "resi-dual":
+            xa, xd = state
+            f = self.F(l, xa, detach)
+            s = xa + f
+            # [A] resi-dual: a <- N(a + F(a)); d <- d + F(a).  share: the a-stream sum (see README)
+            return (N(s), xd + f), f, s
+
+        if a == "siamese-norm":
+            X, Y = state
+            cb = math.sqrt(2.0 * (b + 1))  # [A] c = sqrt(2(b+1)), b = block index (0-based)
+            O = self.F(l, N(X + N(Y)), detach)  # [A] O = F(N_in(X + N_Y(Y)))
+            s = X + O / cb
+            return (N(s), Y + O), O / cb, s  # [A] X <- N_X(X + O / c); Y <- Y + O
+
+        if a == "span-norm":
+            # [A] PROVISIONAL: h = N1(x + Attn(x)); x <- N2(x + FFN(h)) (the skip spans the block).
+            if self.block == "attn-ffn":
+                if k == "attn":
+                    (x,) = state
+                    f = self.F(l, x, detach)
+                    s = x + f
+                    return (x.clone(), N(s)), f, s  # state after attn is (x, h); clone = own node
+                x, h = state
+                f = self.F(l, h, detach)
+                s = x + f
+                return (N(s),), f, s
+            # single-sublayer blocks: the block skip spans one sublayer -> N(x + F(x)) (our reading)
+            (x,) = state
+            f = self.F(l, x, detach)
+            s = x + f
+            return (N(s),), f, s
+
+        (x,) = state
+
+        if a == "post-ln":
+            f = self.F(l, x, detach)
+            s = x + f
+            return (N(s),), f, s  # [A] x <- N(x + F(x))
+
+        if a == "pre-ln":
+            f = self.F(l, N(x), detach)
+            s = x + f
+            return (s,), f, s  # [A] x <- x + F(N(x))
+
+        if a in ("deepnorm", "deepnorm-glm"):
+            f = self.F(l, x, detach)
+            s = c["alpha"] * x + f
+            return (N(s),), f, s  # [A] x <- N(a x + F(x))
+
+        if a == "keel":
+            alpha = c["alpha"]
+            if self.first_of_kind(l) and (self.keel_variant == "v1" or k == "attn"):
+                # [A] v2: first attention sublayer plain pre-ln; v1: both first sublayers plain pre-ln
+                f = self.F(l, N(x), detach)
+                s = x + f
+                return (s,), f, s
+            if self.first_of_kind(l) and k == "ffn":
+                alpha = 1.0  # [A] v2: "the first FFN keeps the outer norm but uses a = 1"
+            f = self.F(l, N(x), detach)  # N2
+            if self.wrong_variant == "keel-alpha-on-branch":
+                # DELIBERATELY WRONG (test fixture): N1(x + a F(N2(x)))
+                u = alpha * f
+                s = x + u
+                return (N(s),), u, s
+            s = alpha * x + f
+            return (N(s),), f, s  # [A] keel: x <- N1(a x + F(N2(x)))
+
+        if a == "mix-ln":
+            if b < int(math.floor(self.mix_ratio * self.B)):  # [A] blocks b < floor(r B): post-ln
+                f = self.F(l, x, detach)
+                s = x + f
+                return (N(s),), f, s
+            f = self.F(l, N(x), detach)  # later blocks: pre-ln
+            s = x + f
+            return (s,), f, s
+
+        if a in ("hybridnorm", "hybridnorm-star"):
+            if a == "hybridnorm-star" and b == 0:
+                # [A] hybridnorm-star: "block 0 is pre-ln (keeping QKV-norm)"
+                f = self.F(l, N(x), detach, qk="qkv-per-head" if k == "attn" else "none")
+                s = x + f
+                return (s,), f, s
+            if k == "attn":
+                # [A] "attn: x <- x + Attn with per-head RMSNorm on Q, K and V and no input norm"
+                f = self.F(l, x, detach, qk="qkv-per-head")
+                s = x + f
+                return (s,), f, s
+            h = N(x)  # [A] "FFN: h = N(x); x <- h + FFN(h)"
+            f = self.F(l, h, detach)
+            s = h + f
+            return (s,), f, s
+
+        if a == "peri-ln":
+            u = N(self.F(l, N(x), detach))  # [A] x <- x + N_out(F(N_in(x)))
+            s = x + u
+            return (s,), u, s
+
+        if a == "olmo2":
+            u = N(self.F(l, x, detach, qk="qk-full"))  # [A] x <- x + N(F(x)), QK-norm over full q and k
+            s = x + u
+            return (s,), u, s
+
+        if a == "admin":
+            f = self.F(l, x, detach)
+            s = self.admin_w[l] * x + f
+            return (N(s),), f, s  # [A] admin: x <- N(w x + F(x))
+
+        if a == "rezero":
+            u = c["alpha"] * self.F(l, x, detach)  # [A] x <- x + a F(x), no norm
+            s = x + u
+            return (s,), u, s
+
+        if a == "layerscale":
+            u = c["lambda"] * self.F(l, N(x), detach)  # [A] x <- x + diag(lambda) F(N(x))
+            s = x + u
+            return (s,), u, s
+
+        if a == "depth-mup":
+            u = (c["alpha"] / math.sqrt(self.S)) * self.F(l, N(x), detach)  # [A] x + (a/sqrt(S)) F(N(x))
+            s = x + u
+            return (s,), u, s
+
+        if a == "deepscalelm":
+            u = c["beta"] * self.F(l, N(x), detach)  # [A] x <- l x + b F(N(x))
+            s = c["lambda"] * x + u
+            return (s,), u, s
+
+        if a == "ngpt":
+            # [A] h <- U(U(h) + a (U(F(h)) - U(h)))
+            hu = unit(x)
+            u = c["alpha"] * (unit(self.F(l, x, detach, qk="ngpt")) - hu)
+            s = hu + u
+            return (unit(s),), u, s
+
+        if a == "lns":
+            idx = l if self.lns_index == "sublayer" else b
+            f = self.F(l, N(x) / math.sqrt(idx + 1), detach)  # [A] x <- x + F(N(x) / sqrt(l+1))
+            s = x + f
+            return (s,), f, s
+
+        if a == "plain":
+            f = self.F(l, x, detach)  # [A] x <- F(x): no residual, no norm
+            return (f,), f, f
+
+        raise ValueError(a)
+
+    # --- forward ---------------------------------------------------------------------------
+    def forward(self, x0):
+        """Returns states (list of tuples), updates, presums; profiles admin's w on the way."""
+        with torch.no_grad():
+            state = self.init_state(x0)
+            states, updates, presums = [state], [], []
+            if self.arch == "admin":
+                self.admin_w = []
+                w2 = 1.0  # [A] admin: w_0 = 1
+            for l in range(self.S):
+                if self.arch == "admin":
+                    self.admin_w.append(math.sqrt(w2))
+                state, u, s = self.sublayer(l, state)
+                if self.arch == "admin":
+                    # [A] w_{l+1}^2 = w_l^2 + Var[F_l]; Var over all entries of F_l (population variance)
+                    w2 = w2 + float(u.var(unbiased=False))
+                states.append(state)
+                updates.append(u)
+                presums.append(s)
+        return states, updates, presums
+
+
+# ----------------------------------------------------------------------------------------------
+# VJPs and figures
+# ----------------------------------------------------------------------------------------------
+def vjp(fn, state, cot):
+    """Vector-Jacobian product of fn at state with cotangent tuple cot; returns a tuple (zeros if unused)."""
+    inp = tuple(t.detach().clone().requires_grad_(True) for t in state)
+    with torch.enable_grad():
+        out = fn(inp)
+        out = out if isinstance(out, tuple) else (out,)
+        pairs = [(o, g) for o, g in zip(out, cot) if o.requires_grad]
+        if not pairs:
+            return tuple(torch.zeros_like(t) for t in state)
+        grads = torch.autograd.grad([o for o, _ in pairs], inp, [g for _, g in pairs], allow_unused=True)
+    return tuple(torch.zeros_like(t) if g is None else g.detach() for t, g in zip(state, grads))
+
+
+def tnorm(tup):
+    return math.sqrt(sum(float((t * t).sum()) for t in tup))
+
+
+def trms(tup):
+    # [C] rms[l] = sqrt(mean of x_l^2 over every entry of every stream of the state)
+    return math.sqrt(sum(float((t * t).sum()) for t in tup) / sum(t.numel() for t in tup))
+
+
+def analyze(stack, x0, probes):
+    """probes: tensor (K, T, d).  Returns dict of figures (per-probe RMS for K > 1, [M] 'The probe')."""
+    S = stack.S
+    states, updates, presums = stack.forward(x0)
+    K = probes.shape[0]
+    # per probe: log ||g_l|| (natural log), per-stream log norms, gains
+    logn = np.zeros((K, S + 1))
+    logn_stream = np.full((K, S + 1, len(stack.streams)), -np.inf)
+    g2 = np.zeros((K, S))        # ||g_l||^2 / ||g_{l+1}||^2
+    skip2 = np.zeros((K, S))
+    branch2 = np.zeros((K, S))
+    for k in range(K):
+        # g_S = dL/dx_S, L = sum(U * y)  ([C] Loss)
+        g = vjp(stack.output, states[S], (probes[k],))
+        # Gradients are propagated renormalised at every state, logs accumulated ([M] The probe)
+        n = tnorm(g)
+        logn[k, S] = math.log(n)
+        _stream_logs(logn_stream, k, S, g, stack, states[S])
+        g = tuple(t / n for t in g)
+        for l in range(S - 1, -1, -1):
+            full = vjp(lambda st: stack.sublayer(l, st)[0], states[l], g)
+            skip = vjp(lambda st: stack.sublayer(l, st, detach=True)[0], states[l], g)
+            nf = tnorm(full)
+            g2[k, l] = nf ** 2
+            skip2[k, l] = tnorm(skip) ** 2                                    # [C] skip_gain
+            branch2[k, l] = tnorm(tuple(a - s for a, s in zip(full, skip))) ** 2  # [C] branch_gain
+            logn[k, l] = logn[k, l + 1] + math.log(nf) if nf > 0 else -math.inf
+            _stream_logs(logn_stream, k, l, full, stack, states[l], base=logn[k, l + 1])
+            g = tuple(t / nf for t in full) if nf > 0 else full
+    ln10 = math.log(10.0)
+    # probe-RMS of ||g_l||: log10 sqrt(mean_k ||g||^2)
+    log10_grad = [_log_rms(logn[:, l]) / ln10 for l in range(S + 1)]
+    gain, skip_gain, branch_gain = [], [], []
+    for l in range(S):
+        # K = 1: gain = ||g_l|| / ||g_{l+1}|| exactly ([C] Figure definitions); K > 1: ratio of probe-RMS norms
+        wts = np.exp(2 * (logn[:, l + 1] - logn[:, l + 1].max()))
+        den = float(wts.sum())
+        gain.append(math.sqrt(float((wts * g2[:, l]).sum()) / den))
+        skip_gain.append(math.sqrt(float((wts * skip2[:, l]).sum()) / den))
+        branch_gain.append(math.sqrt(float((wts * branch2[:, l]).sum()) / den))
+    streams = {}
+    for i, name in enumerate(stack.streams):
+        streams[name] = {
+            "rms": [_stream_rms(states[l], i) for l in range(S + 1)],
+            "log10_grad": [_log_rms(logn_stream[:, l, i]) / ln10 for l in range(S + 1)],
+        }
+    for v in streams.values():  # absent stream (span-norm h on block boundaries) -> None
+        for key in ("rms", "log10_grad"):
+            v[key] = [x if math.isfinite(x) else None for x in v[key]]
+    return {
+        "states": {
+            "index": list(range(S + 1)),
+            "rms": [trms(st) for st in states],
+            "log10_grad": log10_grad,
+            "log10_grad_rel": [v - log10_grad[S] for v in log10_grad],
+            "streams": streams,
+        },
+        "sublayers": {
+            "index": list(range(S)),
+            "kind": stack.kinds,
+            "block": [stack.block_of(l) for l in range(S)],
+            "gain": gain, "skip_gain": skip_gain, "branch_gain": branch_gain,
+            "branch_rms": [trms((u,)) for u in updates],                      # [C] branch_rms
+            "stream_share": [tnorm((u,)) / tnorm((s,)) for u, s in zip(updates, presums)],  # [C] stream_share
+            "admin_w": stack.admin_w,
+        },
+    }
+
+
+def _stream_logs(out, k, l, g, stack, state, base=0.0):
+    """Per-stream log||g|| (natural log) for state l; g is the (renormalised) gradient tuple."""
+    for i in range(len(stack.streams)):
+        if i < len(g):
+            n = tnorm((g[i],))
+            out[k, l, i] = base + math.log(n) if n > 0 else -math.inf
+
+
+def _stream_rms(state, i):
+    return trms((state[i],)) if i < len(state) else float("nan")  # nan -> None in the output
+
+
+def _log_rms(logs):
+    """log sqrt(mean exp(2 logs)) computed stably."""
+    logs = np.asarray(logs, dtype=np.float64)
+    m = logs.max()
+    if not np.isfinite(m):
+        return float(m)
+    return float(m + 0.5 * math.log(np.mean(np.exp(2 * (logs - m)))))
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading an export
+# ----------------------------------------------------------------------------------------------
+def load_export(path):
+    tensors, meta = read_safetensors(path)
+    cfg = meta.get("config", "{}")
+    cfg = json.loads(cfg) if isinstance(cfg, str) else dict(cfg)
+    arch = meta.get("arch") or cfg.get("arch")
+    if arch is None:
+        raise ValueError(f"{path}: no arch in __metadata__")
+    x0 = torch.from_numpy(tensors["input"].copy())
+    probes = torch.from_numpy(tensors["probe"].copy())
+    if probes.dim() == 2:
+        probes = probes.unsqueeze(0)
+    ids = sorted({int(n.split(".")[1]) for n in tensors if n.startswith("sublayer.")})
+    if ids != list(range(len(ids))):
+        raise ValueError(f"{path}: sublayer indices not contiguous: {ids}")
+    weights = []
+    for l in ids:
+        pre = f"sublayer.{l:04d}."
+        weights.append({n[len(pre):]: torch.from_numpy(t.copy()) for n, t in tensors.items() if n.startswith(pre)})
+    return arch, cfg, meta, x0, probes, weights
+
+
+def _cfg_get(cfg, keys, default):
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    return default
+
+
+def build_from_export(path, qk_norm="rms", lns_index="sublayer", wrong_variant=None, constants_source="config",
+                      overrides=None):
+    """Build the reference stack for an export.  `overrides` (keys: block, norm, heads, keel_variant,
+    mix_ratio, alpha) are what the caller asked gradflow for; they take precedence over the exported
+    config (and any disagreement is noted), so the reference does not have to trust the config."""
+    arch, cfg, meta, x0, probes, weights = load_export(path)
+    arch = ALIASES.get(arch, arch)
+    ov = {k: v for k, v in (overrides or {}).items() if v is not None}
+    notes = []
+
+    def setting(name, keys, default):
+        val = _cfg_get(cfg, keys, None)
+        if name in ov:
+            if val is not None and str(val) != str(ov[name]) and not _num_eq(val, ov[name]):
+                notes.append(f"config {keys[0]} = {val!r} but {ov[name]!r} was requested")
+            return ov[name]
+        return default if val is None else val
+
+    T, d = x0.shape
+    S = len(weights)
+    block = setting("block", ["block"], "attn-ffn")
+    B = S // 2 if block == "attn-ffn" else S
+    heads = int(setting("heads", ["heads"], 1))
+    norm = setting("norm", ["norm"], "rms")
+    keel_variant = setting("keel_variant", ["keel_variant", "keel-variant"], "v2")
+    mix_ratio = float(setting("mix_ratio", ["mix_ratio", "mix-ratio"],
+                              (cfg.get("constants") or {}).get("mix_ratio", 0.25)))
+    # consistency checks of the config against the tensors themselves
+    for key, val in (("width", d), ("seq", T), ("sublayers", S), ("blocks", B)):
+        if key in cfg and int(cfg[key]) != val:
+            notes.append(f"config {key} = {cfg[key]} but tensors give {val}")
+    if cfg.get("rezero_alpha") is not None and arch == "rezero":
+        cfg.setdefault("constants", {}).setdefault("alpha", cfg["rezero_alpha"])
+    consts, cnotes = resolve_constants(arch, cfg, B, S, mix_ratio, constants_source)
+    notes += cnotes
+    if "alpha" in ov and "alpha" in consts:
+        consts["alpha"] = float(ov["alpha"])  # explicit --alpha override (keel, deepnorm, rezero, depth-mup, ngpt)
+    for l, Wl in enumerate(weights):
+        want = {"W_Q", "W_K", "W_V", "W_O"} if ("W_Q" in Wl) else {"W_1", "W_2"}
+        if set(Wl) != want:
+            notes.append(f"sublayer {l}: unexpected tensors {sorted(Wl)}")
+    stack = Stack(arch, weights, heads, block, norm, consts, keel_variant, mix_ratio, qk_norm, lns_index,
+                  wrong_variant)
+    for l in range(S):
+        has_attn = "W_Q" in weights[l]
+        if has_attn != (stack.kinds[l] == "attn"):
+            raise ValueError(f"sublayer {l}: weights do not match block kind {block}")
+    return stack, x0, probes, cfg, consts, notes
+
+
+def _num_eq(a, b):
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
+
+
+def run_reference(path, **kw):
+    stack, x0, probes, cfg, consts, notes = build_from_export(path, **kw)
+    res = analyze(stack, x0, probes)
+    res.update({"arch": stack.arch, "config": cfg, "constants": consts, "constant_notes": notes})
+    return res
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("export")
+    p.add_argument("-o", "--output")
+    p.add_argument("--wrong-variant", choices=["keel-alpha-on-branch"])
+    p.add_argument("--qk-norm", choices=["rms", "follow"], default="rms")
+    p.add_argument("--lns-index", choices=["sublayer", "block"], default="sublayer")
+    p.add_argument("--constants", choices=["config", "spec"], default="config")
+    a = p.parse_args(argv)
+    try:
+        res = run_reference(a.export, qk_norm=a.qk_norm, lns_index=a.lns_index,
+                            wrong_variant=a.wrong_variant, constants_source=a.constants)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"gradflow_reference: {e}", file=sys.stderr)
+        return 2
+    for n in res["constant_notes"]:
+        print("note:", n, file=sys.stderr)
+    text = json.dumps(res, indent=1, allow_nan=True)
+    if a.output:
+        with open(a.output, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,437 @@
+#!/usr/bin/python3
+"""Self-tests of the PyTorch reference (no gradflow binary needed).
+
+Run:  /usr/bin/python3 tests/reference/test_reference_selftest.py
+Prints 'N passed, M failed' and exits non-zero on any failure.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gradflow_reference as R  # noqa: E402
+
+torch.set_default_dtype(torch.float64)
+TMP = tempfile.mkdtemp(prefix="gf_ref_selftest_")
+
+
+# ----------------------------------------------------------------------------------------------
+# synthetic exports
+# ----------------------------------------------------------------------------------------------
+def xavier(rng, fan_in, fan_out, gain=1.0):
+    return rng.normal(0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)), size=(fan_in, fan_out))
+
+
+def make_tensors(B=3, d=16, T=5, block="attn-ffn", K=1, seed=0, scale=1.0):
+    rng = np.random.default_rng(seed)
+    kinds = (["attn", "ffn"] * B) if block == "attn-ffn" else [block] * B
+    t = {"input": rng.normal(size=(T, d)), "probe": rng.normal(size=(K, T, d))}
+    for l, k in enumerate(kinds):
+        p = f"sublayer.{l:04d}."
+        if k == "attn":
+            for n in ("W_Q", "W_K", "W_V", "W_O"):
+                t[p + n] = scale * xavier(rng, d, d)
+        else:
+            t[p + "W_1"] = scale * xavier(rng, d, 4 * d)
+            t[p + "W_2"] = scale * xavier(rng, 4 * d, d)
+    return t
+
+
+def make_export(arch, B=3, d=16, T=5, heads=2, block="attn-ffn", norm="rms", K=1, seed=0,
+                extra=None, constants=None, name=None):
+    t = make_tensors(B, d, T, block, K, seed)
+    S = 2 * B if block == "attn-ffn" else B
+    cfg = {"arch": arch, "blocks": B, "sublayers": S, "width": d, "heads": heads, "seq": T,
+           "block": block, "norm": norm, "norm_eps": 1e-6, "precision": "f64", "probes": K,
+           "constants": constants if constants is not None else {}}
+    cfg.update(extra or {})
+    path = os.path.join(TMP, name or f"{arch}.{block}.{norm}.B{B}.safetensors")
+    R.write_safetensors(path, t, {"arch": arch, "seed": 0, "config": json.dumps(cfg)})
+    return path
+
+
+def full_graph_grads(stack, x0, U):
+    """Whole-stack torch autograd (no per-sublayer VJPs): returns per-state ||g_l||."""
+    streams = stack.init_state(x0)
+    leaves = tuple(s.detach().clone().requires_grad_(True) for s in streams)
+    states, st = [leaves], leaves
+    for l in range(stack.S):
+        st = stack.sublayer(l, st)[0]
+        for t in st:
+            t.retain_grad()
+        states.append(st)
+    y = stack.output(st)
+    L = (U * y).sum()
+    L.backward()
+    return [R.tnorm(tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in s)) for s in states]
+
+
+def stack_for(arch, **kw):
+    path = make_export(arch, **kw)
+    stack, x0, probes, cfg, consts, notes = R.build_from_export(path)
+    return stack, x0, probes, notes
+
+
+# ----------------------------------------------------------------------------------------------
+# tests
+# ----------------------------------------------------------------------------------------------
+TESTS = []
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+@test
+def safetensors_roundtrip():
+    t = {"a": np.arange(6.0).reshape(2, 3), "b": np.ones((1, 2, 2))}
+    p = os.path.join(TMP, "rt.safetensors")
+    R.write_safetensors(p, t, {"arch": "x", "config": "{}"})
+    back, meta = R.read_safetensors(p)
+    assert meta == {"arch": "x", "config": "{}"}
+    for k in t:
+        assert np.array_equal(back[k], t[k]), k
+    R.write_safetensors(p, t, None, dtype="F32")
+    back, meta = R.read_safetensors(p)
+    assert meta == {} and back["a"].dtype == np.float64 and np.array_equal(back["a"], t["a"])
+
+
+def _all_configs():
+    for arch in R.ARCHS:
+        for block in ("attn-ffn", "ffn", "attn"):
+            yield arch, block, "rms"
+    for arch in ("pre-ln", "post-ln", "keel", "siamese-norm", "hybridnorm"):
+        for norm in ("layer", "dyt"):
+            yield arch, "attn-ffn", norm
+
+
+@test
+def chain_vjp_equals_full_autograd_all_archs():
+    """Per-sublayer VJP chain (with renormalisation) == one whole-stack backward, for every placement."""
+    for arch, block, norm in _all_configs():
+        stack, x0, probes, _ = stack_for(arch, block=block, norm=norm)
+        res = R.analyze(stack, x0, probes)
+        ref = full_graph_grads(stack, x0, probes[0])
+        got = [10 ** v for v in res["states"]["log10_grad"]]
+        for l, (a, b) in enumerate(zip(got, ref)):
+            assert abs(a - b) <= 1e-10 * b, (arch, block, norm, l, a, b)
+        for l in range(stack.S):
+            assert abs(res["sublayers"]["gain"][l] - ref[l] / ref[l + 1]) <= 1e-10 * (ref[l] / ref[l + 1])
+        for key in ("rms", "log10_grad"):
+            assert all(v is None or math.isfinite(v) for v in res["states"][key]), (arch, key)
+        for key in ("gain", "skip_gain", "branch_gain", "branch_rms", "stream_share"):
+            assert all(math.isfinite(v) for v in res["sublayers"][key]), (arch, block, norm, key)
+
+
+def _fd_check(stack, state, l, cot, frozen=None, h=1e-6, seed=1):
+    """<cot, (f(x+hv) - f(x-hv)) / 2h> vs <VJP(cot), v> for a random direction v."""
+    g = torch.Generator().manual_seed(seed)
+    v = tuple(torch.randn(t.shape, generator=g) for t in state)
+    if frozen is None:
+        fn = lambda st: stack.sublayer(l, st)[0]
+        J = R.vjp(fn, state, cot)
+    else:
+        J = R.vjp(lambda st: stack.sublayer(l, st, detach=True)[0], state, cot)
+        orig = stack.F
+        stack.F = lambda l_, x, detach, qk="none": frozen  # F's output held at its value at x_l
+        fn = lambda st: stack.sublayer(l, st)[0]
+    with torch.no_grad():
+        plus = fn(tuple(a + h * b for a, b in zip(state, v)))
+        minus = fn(tuple(a - h * b for a, b in zip(state, v)))
+    if frozen is not None:
+        stack.F = orig
+    fd = sum(float((c * (p - m)).sum()) / (2 * h) for c, p, m in zip(cot, plus, minus))
+    an = sum(float((a * b).sum()) for a, b in zip(J, v))
+    return fd, an
+
+
+@test
+def finite_difference_vjps():
+    """Full and skip (F frozen) VJPs of every sublayer match central finite differences."""
+    for arch, block, norm in _all_configs():
+        stack, x0, probes, _ = stack_for(arch, block=block, norm=norm)
+        states, _, _ = stack.forward(x0)
+        for l in range(stack.S):
+            st = states[l]
+            out = stack.sublayer(l, st)[0]
+            g = torch.Generator().manual_seed(100 + l)
+            cot = tuple(torch.randn(t.shape, generator=g) for t in out)
+            fd, an = _fd_check(stack, st, l, cot)
+            assert abs(fd - an) <= 1e-6 * max(1.0, abs(an)), (arch, block, norm, l, "full", fd, an)
+            # frozen F: recover F's output at x_l by temporarily capturing it
+            captured = {}
+            orig = stack.F
+
+            def cap(l_, x, detach, qk="none"):
+                captured["f"] = orig(l_, x, detach, qk).detach()
+                return captured["f"]
+            stack.F = cap
+            with torch.no_grad():
+                stack.sublayer(l, st)
+            stack.F = orig
+            fd, an = _fd_check(stack, st, l, cot, frozen=captured["f"])
+            assert abs(fd - an) <= 1e-6 * max(1.0, abs(an)), (arch, block, norm, l, "skip", fd, an)
+
+
+@test
+def rezero_is_identity_at_init():
+    stack, x0, probes, notes = stack_for("rezero")
+    res = R.analyze(stack, x0, probes)
+    r0 = res["states"]["rms"][0]
+    assert all(abs(r - r0) == 0 for r in res["states"]["rms"])
+    assert all(abs(g - 1.0) < 1e-15 for g in res["sublayers"]["gain"])
+    assert all(abs(g - 1.0) < 1e-15 for g in res["sublayers"]["skip_gain"])
+    assert all(g == 0.0 for g in res["sublayers"]["branch_gain"])
+    assert all(s == 0.0 for s in res["sublayers"]["stream_share"])
+    assert all(s == 0.0 for s in res["sublayers"]["branch_rms"])
+
+
+@test
+def ngpt_keeps_unit_norm_tokens():
+    stack, x0, probes, _ = stack_for("ngpt", d=16)
+    states, _, _ = stack.forward(x0)
+    for st in states[1:]:
+        n = st[0].norm(dim=-1)
+        assert torch.allclose(n, torch.ones_like(n), atol=1e-14, rtol=0)
+    res = R.analyze(stack, x0, probes)
+    # every state after x_0 has rms 1/sqrt(d) (unit norm tokens)
+    assert all(abs(r - 1 / math.sqrt(16)) < 1e-14 for r in res["states"]["rms"][1:])
+
+
+def _orthogonal_branch(d):
+    """F(x) = x J with J^T = -J, J^T J = I: branch as large as the stream and orthogonal to it per token."""
+    I = torch.eye(d // 2)
+    Z = torch.zeros(d // 2, d // 2)
+    return torch.cat([torch.cat([Z, -I], 1), torch.cat([I, Z], 1)], 0)
+
+
+@test
+def post_ln_idealised_branch_gives_one_over_sqrt2():
+    # [A] "idealised value (branch as large as the stream and orthogonal to it) is 1/sqrt(2)"
+    d = 16
+    stack, x0, probes, _ = stack_for("post-ln", d=d)
+    J = _orthogonal_branch(d)
+    stack.F = lambda l, x, detach, qk="none": (x @ J).detach() if detach else x @ J
+    x = R.rms_norm(x0)  # a state that is already normalised (rms 1 per token)
+    (y,), u, s = stack.sublayer(0, (x,))
+    assert abs(R.tnorm((u,)) / R.tnorm((s,)) - 1 / math.sqrt(2)) < 1e-14  # stream_share
+    # cotangent orthogonal (per token) to the normalised sum -> exactly the closed form, up to eps
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
+    yh = y / y.norm(dim=-1, keepdim=True)
+    g = g - (g * yh).sum(-1, keepdim=True) * yh
+    sk = R.vjp(lambda st: stack.sublayer(0, st, detach=True)[0], (x,), (g,))
+    ratio = R.tnorm(sk) / R.tnorm((g,))
+    assert abs(ratio - 1 / math.sqrt(2)) < 1e-6, ratio  # eps = 1e-6 perturbs at ~1e-7
+    # S-sublayer product: 2^(-S/2) in log10 ([A] Keel Eq. 15)
+    res = R.analyze(stack, x, probes)
+    assert all(sg <= 1 / math.sqrt(2) + 1e-6 for sg in res["sublayers"]["skip_gain"])
+
+
+@test
+def keel_idealised_branch_gives_a_over_sqrt_a2_plus_1():
+    # [A] "Keel skip-path factor a/sqrt(a^2+1) per sublayer"
+    d = 16
+    stack, x0, probes, _ = stack_for("keel", d=d, B=3)
+    a = stack.c["alpha"]
+    assert a == 6.0  # a = S (sublayers)
+    J = _orthogonal_branch(d)
+    # F(N2(x)): with x normalised, N2(x) = x (up to eps) so F = x J is orthogonal with equal norm
+    stack.F = lambda l, x, detach, qk="none": (x @ J).detach() if detach else x @ J
+    x = R.rms_norm(x0)
+    (y,), u, s = stack.sublayer(3, (x,))  # sublayer 3: not a first sublayer -> full keel form
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(4))
+    yh = y / y.norm(dim=-1, keepdim=True)
+    g = g - (g * yh).sum(-1, keepdim=True) * yh
+    sk = R.vjp(lambda st: stack.sublayer(3, st, detach=True)[0], (x,), (g,))
+    ratio = R.tnorm(sk) / R.tnorm((g,))
+    assert abs(ratio - a / math.sqrt(a * a + 1)) < 1e-6, (ratio, a / math.sqrt(a * a + 1))
+
+
+@test
+def keel_first_sublayers_v1_v2():
+    stack, x0, probes, _ = stack_for("keel")
+    x = x0
+    # v2: sublayer 0 is pre-ln: x + F(N(x)) (no outer norm); sublayer 1 has an outer norm with a = 1
+    (y0,), u0, s0 = stack.sublayer(0, (x,))
+    assert torch.equal(y0, s0) and torch.allclose(s0, x + R.attention(R.rms_norm(x), stack.W[0], 2))
+    (y1,), u1, s1 = stack.sublayer(1, (x,))
+    assert torch.allclose(s1, x + R.ffn(R.rms_norm(x), stack.W[1])) and torch.allclose(y1, R.rms_norm(s1))
+    (y2,), u2, s2 = stack.sublayer(2, (x,))
+    assert torch.allclose(s2, 6.0 * x + R.attention(R.rms_norm(x), stack.W[2], 2))
+    stack.keel_variant = "v1"
+    (y1,), u1, s1 = stack.sublayer(1, (x,))
+    assert torch.equal(y1, s1)  # v1: first FFN also plain pre-ln
+
+
+@test
+def keel_wrong_variant_differs():
+    path = make_export("keel")
+    good = R.run_reference(path)
+    bad = R.run_reference(path, wrong_variant="keel-alpha-on-branch")
+    assert good["states"]["log10_grad"][0] != bad["states"]["log10_grad"][0]
+    assert max(abs(a - b) for a, b in zip(good["sublayers"]["skip_gain"], bad["sublayers"]["skip_gain"])) > 1e-3
+
+
+@test
+def admin_profile():
+    stack, x0, probes, _ = stack_for("admin")
+    states, updates, _ = stack.forward(x0)
+    w = stack.admin_w
+    assert w[0] == 1.0
+    for l in range(1, stack.S):
+        # [A] w_{l+1}^2 = w_l^2 + Var[F_l]
+        v = float(((updates[l - 1] - updates[l - 1].mean()) ** 2).mean())
+        assert abs(w[l] ** 2 - w[l - 1] ** 2 - v) < 1e-12
+
+
+@test
+def plain_has_no_skip():
+    stack, x0, probes, _ = stack_for("plain")
+    res = R.analyze(stack, x0, probes)
+    assert all(s == 0.0 for s in res["sublayers"]["skip_gain"])
+    assert all(abs(s - 1.0) < 1e-15 for s in res["sublayers"]["stream_share"])
+    assert all(abs(b - g) < 1e-12 * g for b, g in zip(res["sublayers"]["branch_gain"], res["sublayers"]["gain"]))
+
+
+@test
+def pre_ln_skip_is_identity():
+    for arch in ("pre-ln", "peri-ln", "olmo2", "lns", "depth-mup", "layerscale", "hybridnorm"):
+        stack, x0, probes, _ = stack_for(arch, block="attn")  # hybridnorm attn: no input norm, identity skip
+        res = R.analyze(stack, x0, probes)
+        assert all(abs(s - 1.0) < 1e-14 for s in res["sublayers"]["skip_gain"]), arch
+
+
+@test
+def deepscalelm_and_constants():
+    c = R.spec_constants("deepscalelm", 3, 6)
+    assert abs(c["lambda"] ** 2 + c["beta"] ** 2 - 1) < 1e-15 and abs(c["beta"] ** 2 - 2 / 6) < 1e-15
+    assert R.spec_constants("deepnorm", 4, 8)["alpha"] == 8 ** 0.25
+    assert R.spec_constants("deepnorm", 4, 8)["beta"] == 32 ** -0.25
+    assert R.spec_constants("deepnorm-glm", 4, 8)["alpha"] == 8 ** 0.5
+    assert R.spec_constants("layerscale", 18, 36)["lambda"] == 0.1
+    assert R.spec_constants("layerscale", 19, 38)["lambda"] == 1e-5
+    assert R.spec_constants("layerscale", 25, 50)["lambda"] == 1e-6
+    assert R.spec_constants("mix-ln", 8, 16)["post_ln_blocks"] == 2
+    # a disagreeing config constant is used (override) but reported
+    path = make_export("keel", constants={"alpha": 3.0}, name="keel_alpha3.safetensors")
+    stack, x0, probes, cfg, consts, notes = R.build_from_export(path)
+    assert consts["alpha"] == 3.0 and any("alpha" in n for n in notes)
+    stack, x0, probes, cfg, consts, notes = R.build_from_export(path, constants_source="spec")
+    assert consts["alpha"] == 6.0
+
+
+@test
+def siamese_and_resi_dual_streams():
+    for arch, names in (("resi-dual", ["a", "d"]), ("siamese-norm", ["X", "Y"])):
+        stack, x0, probes, _ = stack_for(arch)
+        res = R.analyze(stack, x0, probes)
+        assert sorted(res["states"]["streams"]) == sorted(names)
+        for l in range(stack.S + 1):
+            # total rms^2 is the mean of the stream rms^2 (equal sizes); grad norms add in quadrature
+            rs = [res["states"]["streams"][n]["rms"][l] for n in names]
+            assert abs(res["states"]["rms"][l] ** 2 - sum(r * r for r in rs) / 2) < 1e-12
+            gs = [10 ** res["states"]["streams"][n]["log10_grad"][l] for n in names]
+            assert abs(10 ** res["states"]["log10_grad"][l] - math.sqrt(sum(g * g for g in gs))) < 1e-10 * max(gs)
+
+
+@test
+def span_norm_states():
+    stack, x0, probes, _ = stack_for("span-norm")
+    states, _, _ = stack.forward(x0)
+    assert [len(s) for s in states] == [1, 2, 1, 2, 1, 2, 1]
+    res = R.analyze(stack, x0, probes)
+    h = res["states"]["streams"]["h"]["rms"]
+    assert h[0] is None and h[1] is not None and h[2] is None
+
+
+@test
+def multi_probe_rms():
+    path = make_export("pre-ln", K=3, name="k3.safetensors")
+    res = R.run_reference(path)
+    stack, x0, probes, *_ = R.build_from_export(path)
+    norms = [full_graph_grads(stack, x0, probes[k]) for k in range(3)]
+    for l in range(stack.S + 1):
+        want = math.sqrt(sum(n[l] ** 2 for n in norms) / 3)
+        assert abs(10 ** res["states"]["log10_grad"][l] - want) < 1e-10 * want
+
+
+@test
+def deep_post_ln_log_is_finite():
+    # renormalised propagation: a deep post-ln stack still gives finite logs
+    path = make_export("post-ln", B=40, d=8, T=3, heads=2, name="deep.safetensors")
+    res = R.run_reference(path)
+    assert all(math.isfinite(v) for v in res["states"]["log10_grad"])
+
+
+@test
+def cli_roundtrip_and_errors():
+    path = make_export("olmo2")
+    out = os.path.join(TMP, "o.json")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "gradflow_reference.py"), path, "-o", out])
+    assert r.returncode == 0
+    with open(out) as f:
+        res = json.load(f)
+    assert res["arch"] == "olmo2" and len(res["states"]["rms"]) == 7
+    r = subprocess.run([sys.executable, os.path.join(HERE, "gradflow_reference.py"), "/nonexistent.safetensors"],
+                       stderr=subprocess.DEVNULL)
+    assert r.returncode == 2
+
+
+@test
+def sandwich_alias():
+    stack, x0, probes, _ = stack_for("sandwich-ln")
+    assert stack.arch == "peri-ln"
+
+
+def _compare(*args, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, os.path.join(HERE, "compare.py"),
+                           "--gradflow", os.path.join(HERE, "fake_gradflow.py")] + list(args),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+
+
+@test
+def compare_against_fake_binary():
+    """compare.py plumbing, with a stand-in binary whose numbers come from the reference itself."""
+    r = _compare("--arch", "keel")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _compare("--arch", "keel", "--wrong-variant", "keel-alpha-on-branch")
+    assert r.returncode == 1 and "MISMATCH" in r.stdout
+    r = _compare("--arch", "resi-dual", env={"FAKE_GRADFLOW_PERTURB": "stream_share"})
+    assert r.returncode == 1 and "stream_share" in r.stdout
+    r = _compare("--arch", "no-such-arch")
+    assert r.returncode == 2
+    r = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--gradflow", "/nonexistent",
+                        "--arch", "keel"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert r.returncode == 2
+    r = _compare("--arch", "keel", "--alpha", "2.5", "--block", "ffn", "--norm", "layer")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def main():
+    passed = failed = 0
+    for t in TESTS:
+        try:
+            t()
+            passed += 1
+            print(f"ok   {t.__name__}")
+        except Exception:
+            failed += 1
+            print(f"FAIL {t.__name__}")
+            traceback.print_exc()
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
