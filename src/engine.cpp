@@ -126,9 +126,17 @@ template <typename Scalar>
 class Analysis {
  public:
   Analysis(const ModelConfig& config, const Architecture& arch, const Constants& constants, std::uint64_t seed,
-           const ProgressCallback& progress)
+           const ProgressCallback& progress, const Mat<Scalar>* input = nullptr)
       : config_(config), arch_(arch), constants_(constants), seed_(seed), progress_(progress),
-        sublayers_(config.sublayers()), skip_weights_(sublayers_ + 1, 1.0) {}
+        sublayers_(config.sublayers()), skip_weights_(sublayers_ + 1, 1.0), input_(input) {}
+
+  // After run(): probe 0's loss and true (unnormalised) gradient with respect to x_0.
+  double loss() const { return loss_; }
+  Mat<Scalar> input_gradient() const {
+    Mat<Scalar> sum = Mat<Scalar>::Zero(config_.seq, config_.width);
+    for (const auto& stream : gradient_) sum += stream.topRows(config_.seq);
+    return sum * static_cast<Scalar>(std::exp(log_scale_[0]));
+  }
 
   SeedResult run() {
     const auto start = std::chrono::steady_clock::now();
@@ -197,7 +205,7 @@ class Analysis {
 
   bool forward() {
     states_.assign(sublayers_ + 1, {});
-    const Mat<Scalar> input = make_input<Scalar>(config_, seed_);
+    const Mat<Scalar> input = input_ ? *input_ : make_input<Scalar>(config_, seed_);
     states_[0].assign(arch_.initial_streams, input);
     record_state_rms(0);
     auto& branch_rms = result_.sublayers.at("branch_rms");
@@ -273,6 +281,9 @@ class Analysis {
     arch_.build_output(graph_, head);
     executor_.forward(graph_, states_[sublayers_], branch_context(head));
     cotangent_out_.assign(1, make_probes<Scalar>(config_, seed_));
+    const auto& output = executor_.value(graph_.outputs().front());
+    loss_ = (output.template cast<double>().array() *
+             cotangent_out_[0].topRows(config_.seq).template cast<double>().array()).sum();
     executor_.backward(graph_, cotangent_out_, true, branch_context(head), gradient_);
     std::vector<double> log_norms, stream_norms;
     if (!renormalise(gradient_, log_norms, stream_norms)) {
@@ -355,6 +366,8 @@ class Analysis {
   SublayerWeights<Scalar> weights_;
   State<Scalar> cotangent_out_, gradient_, previous_, skip_part_;
   std::vector<double> log_scale_;  // per probe: log of the true norm of the current gradient
+  const Mat<Scalar>* input_;
+  double loss_ = 0.0;
 };
 
 template <typename Scalar>
@@ -404,11 +417,13 @@ const std::vector<double>* FigureColumns::find(std::string_view name) const {
   return nullptr;
 }
 
-std::vector<double>& FigureColumns::at(std::string_view name) {
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == name) return values[i];
-  }
+const std::vector<double>& FigureColumns::at(std::string_view name) const {
+  if (const auto* column = find(name)) return *column;
   throw std::logic_error(fmt::format("figure column {} missing", name));
+}
+
+std::vector<double>& FigureColumns::at(std::string_view name) {
+  return const_cast<std::vector<double>&>(static_cast<const FigureColumns&>(*this).at(name));
 }
 
 Constants resolve_constants(const Architecture& arch, const ModelConfig& config) {
@@ -419,6 +434,17 @@ SeedResult analyze_seed(const ModelConfig& config, const Architecture& arch, con
                         std::uint64_t seed, const ProgressCallback& progress) {
   if (config.precision == Precision::f32) return Analysis<float>(config, arch, constants, seed, progress).run();
   return Analysis<double>(config, arch, constants, seed, progress).run();
+}
+
+InputGradient loss_and_input_gradient(const ModelConfig& config, const Architecture& arch, const Constants& constants,
+                                      std::uint64_t seed, const Eigen::MatrixXd* input) {
+  ModelConfig f64 = config;
+  f64.precision = Precision::f64;
+  const Mat<double> row_major_input = input ? Mat<double>(*input) : make_input<double>(f64, seed);
+  Analysis<double> analysis(f64, arch, constants, seed, {}, &row_major_input);
+  const SeedResult result = analysis.run();
+  if (result.diverged) throw std::runtime_error("loss_and_input_gradient: " + result.diverged->reason);
+  return {analysis.loss(), analysis.input_gradient()};
 }
 
 std::vector<NamedTensor> run_tensors(const ModelConfig& config, const Architecture& arch, const Constants& constants,

@@ -28,13 +28,16 @@ void standard_normal_pairs(std::uint64_t key, std::uint64_t first_pair, std::siz
   Eigen::Map<Eigen::ArrayXf>(sin_out, pair_count) = radius * angle.sin();
 }
 
+// Chunks are always whole (kChunkPairs pairs, a multiple of every SIMD width), so each draw goes
+// through the same vectorised code path whatever `count` is: element i depends on (key, i) only.
 template <typename Scalar>
 void fill_normal_impl(std::uint64_t key, Scalar stddev, Scalar* out, std::size_t count) {
-  float cos_part[kChunkPairs], sin_part[kChunkPairs];
+  alignas(64) float cos_part[kChunkPairs];
+  alignas(64) float sin_part[kChunkPairs];
   const std::size_t pairs = (count + 1) / 2;
   for (std::size_t first = 0; first < pairs; first += kChunkPairs) {
     const std::size_t n = std::min(kChunkPairs, pairs - first);
-    standard_normal_pairs(key, first, n, cos_part, sin_part);
+    standard_normal_pairs(key, first, kChunkPairs, cos_part, sin_part);
     for (std::size_t j = 0; j < n; ++j) {
       const std::size_t i = 2 * (first + j);
       out[i] = stddev * static_cast<Scalar>(cos_part[j]);

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include <Eigen/Core>
+
 #include "gradflow/architecture.hpp"
 #include "gradflow/config.hpp"
 #include "gradflow/statistics.hpp"
@@ -21,7 +23,8 @@ struct FigureColumns {
 
   std::vector<double>& add(std::string name, std::size_t length);
   const std::vector<double>* find(std::string_view name) const;
-  std::vector<double>& at(std::string_view name);
+  std::vector<double>& at(std::string_view name);  // throws std::logic_error when missing
+  const std::vector<double>& at(std::string_view name) const;
 };
 
 struct StreamFigures {
@@ -72,6 +75,16 @@ Constants resolve_constants(const Architecture& arch, const ModelConfig& config)
 // Analyses one seed: forward pass, probe backward pass with renormalised gradients, figures.
 SeedResult analyze_seed(const ModelConfig& config, const Architecture& arch, const Constants& constants,
                         std::uint64_t seed, const ProgressCallback& progress = {});
+
+// The probe loss L = sum(U * y) of probe 0 and its exact gradient dL/dx_0 (summed over the
+// streams that start as copies of x_0), in float64: what finite-difference tests and the
+// oracle compare against. `input` replaces the seed's x_0 when given.
+struct InputGradient {
+  double loss = 0.0;
+  Eigen::MatrixXd gradient;  // (T, d)
+};
+InputGradient loss_and_input_gradient(const ModelConfig& config, const Architecture& arch, const Constants& constants,
+                                      std::uint64_t seed, const Eigen::MatrixXd* input = nullptr);
 
 // A named tensor as stored for --export-weights: row-major data in the run's precision.
 struct NamedTensor {

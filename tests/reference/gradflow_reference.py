@@ -157,6 +157,15 @@ def attention(x, W, heads, qk="none", qk_norm=rms_norm):
     return merge_heads(P @ Vh) @ W["W_O"]
 
 
+def rotate_pairs(x):
+    """Idealised branch (gradflow --ideal-branch, [A] closed forms: 'branch as large as the stream and
+    orthogonal to it'): (x_{2i}, x_{2i+1}) -> (-x_{2i+1}, x_{2i}) per token."""
+    y = torch.empty_like(x)
+    y[..., 0::2] = -x[..., 1::2]
+    y[..., 1::2] = x[..., 0::2]
+    return y
+
+
 # ----------------------------------------------------------------------------------------------
 # Configuration and constants
 # ----------------------------------------------------------------------------------------------
@@ -213,8 +222,11 @@ def resolve_constants(arch, cfg, B, S, mix_ratio, source="config"):
     out, notes = dict(spec), []
     for name, sval in spec.items():
         for key in _CONST_KEYS.get(name, [name]):
-            if key in cc and isinstance(cc[key], (int, float)) and not isinstance(cc[key], bool):
-                cval = float(cc[key])
+            val = cc.get(key)
+            if isinstance(val, dict):  # gradflow writes {"value": v, "formula": ..., "unit": ...}
+                val = val.get("value")
+            if isinstance(val, (int, float)) and not isinstance(val, bool):
+                cval = float(val)
                 if not _close(cval, sval):
                     notes.append(f"{arch}: config constants.{key} = {cval!r} but spec gives {name} = {sval!r}")
                 if source == "config":
@@ -243,7 +255,7 @@ class Stack:
 
     def __init__(self, arch, weights, heads, block="attn-ffn", norm="rms", constants=None,
                  keel_variant="v2", mix_ratio=0.25, qk_norm="rms", lns_index="sublayer",
-                 wrong_variant=None):
+                 wrong_variant=None, branch="model", sublayers=None):
         arch = ALIASES.get(arch, arch)
         if arch not in ARCHS:
             raise ValueError(f"unknown arch {arch!r}")
@@ -251,7 +263,10 @@ class Stack:
         self.N = NORMS[norm]
         # q/k/v norms inside attention: [A] hybridnorm says "per-head RMSNorm"; 'follow' uses --norm
         self.QN = rms_norm if qk_norm == "rms" else self.N
-        self.S = len(weights)
+        # branch "rotation" (gradflow --ideal-branch): F(x) = x rotated by +90 degrees in each coordinate
+        # pair (2i, 2i+1) -> (-x_{2i+1}, x_{2i}); no weights are exported then.
+        self.branch = branch
+        self.S = len(weights) if sublayers is None else int(sublayers)
         per_block = 2 if block == "attn-ffn" else 1
         if self.S % per_block:
             raise ValueError("odd sublayer count for attn-ffn")
@@ -277,6 +292,9 @@ class Stack:
 
     def F(self, l, x, detach, qk="none"):
         """The branch function itself, [C] skip_gain: F = Attn/FFN incl. q/k/v norms, not the input norm."""
+        if self.branch == "rotation":
+            out = rotate_pairs(x)
+            return out.detach() if detach else out
         W = self.W[l]
         out = attention(x, W, self.heads, qk, self.QN) if self.kinds[l] == "attn" else ffn(x, W)
         return out.detach() if detach else out
@@ -642,7 +660,10 @@ def build_from_export(path, qk_norm="rms", lns_index="sublayer", wrong_variant=N
         return default if val is None else val
 
     T, d = x0.shape
-    S = len(weights)
+    branch = _cfg_get(cfg, ["branch"], "model")
+    S = len(weights) if branch != "rotation" else int(cfg["sublayers"])
+    if branch == "rotation":
+        weights = [{} for _ in range(S)]
     block = setting("block", ["block"], "attn-ffn")
     B = S // 2 if block == "attn-ffn" else S
     heads = int(setting("heads", ["heads"], 1))
@@ -660,6 +681,10 @@ def build_from_export(path, qk_norm="rms", lns_index="sublayer", wrong_variant=N
     notes += cnotes
     if "alpha" in ov and "alpha" in consts:
         consts["alpha"] = float(ov["alpha"])  # explicit --alpha override (keel, deepnorm, rezero, depth-mup, ngpt)
+    if branch == "rotation":
+        stack = Stack(arch, weights, heads, block, norm, consts, keel_variant, mix_ratio, qk_norm, lns_index,
+                      wrong_variant, branch="rotation", sublayers=S)
+        return stack, x0, probes, cfg, consts, notes
     for l, Wl in enumerate(weights):
         want = {"W_Q", "W_K", "W_V", "W_O"} if ("W_Q" in Wl) else {"W_1", "W_2"}
         if set(Wl) != want:

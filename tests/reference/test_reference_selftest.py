@@ -418,6 +418,19 @@ def compare_against_fake_binary():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@test
+def ideal_rotation_branch():
+    x = torch.randn(5, 16, generator=torch.Generator().manual_seed(5))
+    y = R.rotate_pairs(x)
+    assert torch.allclose((x * y).sum(-1), torch.zeros(5), atol=1e-14)  # orthogonal per token
+    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1))               # as large as the stream
+    assert y[0, 1] == x[0, 0] and y[0, 0] == -x[0, 1]
+    stack = R.Stack("post-ln", [{} for _ in range(6)], 2, branch="rotation", sublayers=6)
+    res = R.analyze(stack, x, torch.randn(1, 5, 16, generator=torch.Generator().manual_seed(6)))
+    for l in range(1, 6):  # once the state is normalised: stream_share = 1/sqrt(2) ([A] closed forms)
+        assert abs(res["sublayers"]["stream_share"][l] - 1 / math.sqrt(2)) < 1e-6
+
+
 def main():
     passed = failed = 0
     for t in TESTS:

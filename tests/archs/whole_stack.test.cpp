@@ -1,0 +1,79 @@
+// Every registered placement: the whole stack's input gradient against central differences
+// (float64), across block kinds, norms and inits.
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include "gradflow/analysis.hpp"
+#include "support/finite_difference.hpp"
+
+using namespace gradflow;
+
+namespace {
+double whole_stack_error(const ModelConfig& config, const Architecture& arch) {
+  const Constants constants = resolve_constants(arch, config);
+  const InputGradient exact = loss_and_input_gradient(config, arch, constants, 3);
+  // The seed's own x_0, as the run uses it (the first exported tensor).
+  const auto tensors = run_tensors(config, arch, constants, 3);
+  Eigen::MatrixXd input(config.seq, config.width);
+  for (Eigen::Index i = 0; i < input.rows(); ++i) {
+    for (Eigen::Index j = 0; j < input.cols(); ++j) input(i, j) = tensors.front().values[i * input.cols() + j];
+  }
+  const double h = 1e-5;
+  Eigen::MatrixXd numeric(config.seq, config.width);
+  Eigen::MatrixXd shifted = input;
+  for (Eigen::Index i = 0; i < input.rows(); ++i) {
+    for (Eigen::Index j = 0; j < input.cols(); ++j) {
+      shifted(i, j) = input(i, j) + h;
+      const double up = loss_and_input_gradient(config, arch, constants, 3, &shifted).loss;
+      shifted(i, j) = input(i, j) - h;
+      const double down = loss_and_input_gradient(config, arch, constants, 3, &shifted).loss;
+      shifted(i, j) = input(i, j);
+      numeric(i, j) = (up - down) / (2 * h);
+    }
+  }
+  return (numeric - exact.gradient).norm() / exact.gradient.norm();
+}
+
+ModelConfig small_config() {
+  ModelConfig config;
+  config.blocks = 3;
+  config.width = 8;
+  config.heads = 2;
+  config.seq = 4;
+  config.precision = Precision::f64;
+  return config;
+}
+}  // namespace
+
+TEST_CASE("every placement's whole-stack gradient matches central differences (float64)") {
+  for (const Architecture& arch : architectures()) {
+    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn, BlockKind::attn}) {
+      for (const NormKind norm : {NormKind::rms, NormKind::layer, NormKind::dyt}) {
+        ModelConfig config = small_config();
+        config.block = block;
+        config.norm = norm;
+        CAPTURE(arch.id);
+        CAPTURE(to_string(block));
+        CAPTURE(to_string(norm));
+        CHECK(whole_stack_error(config, arch) <= testing::kFiniteDifferenceTolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("whole-stack gradients hold for every base init and the idealised branch") {
+  for (const Architecture& arch : architectures()) {
+    for (const InitKind init : {InitKind::gpt2, InitKind::small}) {
+      ModelConfig config = small_config();
+      config.init = init;
+      CAPTURE(arch.id);
+      CAPTURE(to_string(init));
+      CHECK(whole_stack_error(config, arch) <= testing::kFiniteDifferenceTolerance);
+    }
+    ModelConfig config = small_config();
+    config.branch = BranchKind::rotation;
+    CAPTURE(arch.id);
+    CHECK(whole_stack_error(config, arch) <= testing::kFiniteDifferenceTolerance);
+  }
+}

@@ -1,0 +1,88 @@
+// GELU, the FFN and the idealised rotation branch: central differences and properties.
+#include <doctest/doctest.h>
+
+#include "support/finite_difference.hpp"
+
+using namespace gradflow;
+using namespace gradflow::testing;
+
+TEST_CASE("gelu_backward matches central differences") {
+  const MatD x = random_matrix(4, 6, 11, 2.0);
+  const auto forward = [](const MatD& in) {
+    MatD y;
+    gelu_forward(in, y);
+    return y;
+  };
+  const auto backward = [](const MatD& in, const MatD& dy) {
+    MatD dx = MatD::Zero(dy.rows(), dy.cols());
+    gelu_backward(in, dy, dx);
+    return dx;
+  };
+  CHECK(backward_relative_error(x, forward, backward) <= kFiniteDifferenceTolerance);
+}
+
+TEST_CASE("ffn_backward matches central differences, and its parameter gradient too") {
+  const int d = 6;
+  SublayerWeights<double> w;
+  w.w_1 = random_matrix(d, 4 * d, 12, 0.4);
+  w.w_2 = random_matrix(4 * d, d, 13, 0.2);
+  const MatD x = random_matrix(5, d, 14);
+  const auto forward = [&](const MatD& in) {
+    FfnCache<double> cache;
+    MatD out;
+    ffn_forward(in, w, cache, out);
+    return out;
+  };
+  const auto backward = [&](const MatD& in, const MatD& dy) {
+    FfnCache<double> cache;
+    MatD out, dx = MatD::Zero(dy.rows(), dy.cols());
+    ffn_forward(in, w, cache, out);
+    ffn_backward(in, w, cache, dy, dx);
+    return dx;
+  };
+  CHECK(backward_relative_error(x, forward, backward) <= kFiniteDifferenceTolerance);
+
+  // dL/dW_2 by central differences on one probe; ParamGradSquares holds |dW_1|^2 + |dW_2|^2.
+  const MatD dy = random_matrix(5, d, 15);
+  FfnCache<double> cache;
+  MatD out, dx = MatD::Zero(5, d);
+  ffn_forward(x, w, cache, out);
+  ParamGradSquares squares;
+  ffn_backward(x, w, cache, dy, dx, &squares);
+  double numeric = 0;
+  const double h = 1e-6;
+  for (auto* matrix : {&w.w_1, &w.w_2}) {
+    for (Eigen::Index i = 0; i < matrix->size(); ++i) {
+      const double saved = matrix->data()[i];
+      matrix->data()[i] = saved + h;
+      const double up = dy.cwiseProduct(forward(x)).sum();
+      matrix->data()[i] = saved - h;
+      const double down = dy.cwiseProduct(forward(x)).sum();
+      matrix->data()[i] = saved;
+      numeric += std::pow((up - down) / (2 * h), 2);
+    }
+  }
+  REQUIRE(squares.size() == 1);
+  CHECK(std::abs(std::sqrt(squares[0]) - std::sqrt(numeric)) <= kFiniteDifferenceTolerance * std::sqrt(numeric));
+}
+
+TEST_CASE("rotation branch: as large as its input, orthogonal to it, and its backward is the transpose") {
+  const MatD x = random_matrix(3, 8, 16);
+  MatD y;
+  rotation_forward(x, y);
+  for (Eigen::Index t = 0; t < 3; ++t) {
+    CHECK(y.row(t).norm() == doctest::Approx(x.row(t).norm()));
+    CHECK(std::abs(y.row(t).dot(x.row(t))) < 1e-12);
+  }
+  const auto forward = [](const MatD& in) {
+    MatD out;
+    rotation_forward(in, out);
+    return out;
+  };
+  const auto backward = [](const MatD&, const MatD& dy) {
+    MatD dx = MatD::Zero(dy.rows(), dy.cols());
+    rotation_backward(dy, dx);
+    return dx;
+  };
+  CHECK(backward_relative_error(x, forward, backward) <= kFiniteDifferenceTolerance);
+}
