@@ -7,7 +7,11 @@
 #include <cmath>
 #include <fmt/format.h>
 #include <limits>
+#include <condition_variable>
+#include <mutex>
 #include <numeric>
+#include <omp.h>
+#include <thread>
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/graph.hpp"
@@ -142,8 +146,10 @@ class Analysis {
     const auto start = std::chrono::steady_clock::now();
     result_.seed = seed_;
     allocate_figures();
+    start_prefetch_thread();
     const bool forward_ok = forward();
     if (forward_ok) backward();
+    stop_prefetch_thread();
     summarize();
     result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return std::move(result_);
@@ -157,16 +163,72 @@ class Analysis {
   }
 
   BranchContext<Scalar> branch_context(const SublayerContext& ctx) const {
-    return BranchContext<Scalar>{ctx.kind, config_.branch, config_.norm, config_.heads, &weights_};
+    return BranchContext<Scalar>{ctx.kind, config_.branch, config_.norm, config_.heads, nullptr};
   }
 
-  // Builds sublayer l's graph and regenerates its weights (shared by forward and recompute).
+  // Builds sublayer l's graph; its weights must be in weight_buffers_[l % 2] (ensure_weights).
   BranchContext<Scalar> prepare_sublayer(int l) {
     const SublayerContext ctx = context(l);
     graph_.reset(static_cast<int>(states_[l].size()));
     arch_.build_sublayer(graph_, ctx);
-    if (config_.branch == BranchKind::model) generate_weights(config_, arch_, ctx, seed_, weights_);
-    return branch_context(ctx);
+    BranchContext<Scalar> branch = branch_context(ctx);
+    branch.weights = &weight_buffers_[l % 2];
+    return branch;
+  }
+
+  // Sublayer l's weights live in buffer l % 2, so the neighbour being prefetched (l + 1 in the
+  // forward pass, l - 1 in the backward pass) always goes to the other buffer.
+  void ensure_weights(int l) {
+    if (config_.branch != BranchKind::model || l < 0 || l >= sublayers_ || loaded_[l % 2] == l) return;
+    generate_weights(config_, arch_, context(l), seed_, weight_buffers_[l % 2]);
+    loaded_[l % 2] = l;
+  }
+
+  // Runs `work` while the prefetch thread generates sublayer `next`'s weights. Weights are pure
+  // functions of (seed, sublayer, matrix), so the overlap cannot change any number.
+  template <typename Work>
+  void with_prefetch(int next, Work&& work) {
+    if (!prefetch_thread_.joinable()) {
+      work();
+      return ensure_weights(next);
+    }
+    {
+      std::lock_guard lock(prefetch_mutex_);
+      prefetch_request_ = next;
+    }
+    prefetch_wakeup_.notify_one();
+    work();
+    std::unique_lock lock(prefetch_mutex_);
+    prefetch_wakeup_.wait(lock, [&] { return prefetch_request_ == kNoRequest; });
+  }
+
+  static constexpr int kNoRequest = -2, kStop = -3;
+  void prefetch_loop() {
+    std::unique_lock lock(prefetch_mutex_);
+    for (;;) {
+      prefetch_wakeup_.wait(lock, [&] { return prefetch_request_ != kNoRequest; });
+      if (prefetch_request_ == kStop) return;
+      lock.unlock();
+      ensure_weights(prefetch_request_);
+      lock.lock();
+      prefetch_request_ = kNoRequest;
+      prefetch_wakeup_.notify_one();
+    }
+  }
+  void start_prefetch_thread() {
+    // A second core is used only when this run is alone: inside a parallel loop over runs the
+    // cores are already busy.
+    if (config_.branch != BranchKind::model || omp_get_max_threads() < 2 || omp_in_parallel()) return;
+    prefetch_thread_ = std::thread([this] { prefetch_loop(); });
+  }
+  void stop_prefetch_thread() {
+    if (!prefetch_thread_.joinable()) return;
+    {
+      std::lock_guard lock(prefetch_mutex_);
+      prefetch_request_ = kStop;
+    }
+    prefetch_wakeup_.notify_all();
+    prefetch_thread_.join();
   }
 
   void allocate_figures() {
@@ -210,9 +272,10 @@ class Analysis {
     record_state_rms(0);
     auto& branch_rms = result_.sublayers.at("branch_rms");
     auto& stream_share = result_.sublayers.at("stream_share");
+    ensure_weights(0);
     for (int l = 0; l < sublayers_; ++l) {
       const auto branch = prepare_sublayer(l);
-      executor_.forward(graph_, states_[l], branch);
+      with_prefetch(l + 1, [&] { executor_.forward(graph_, states_[l], branch); });
       State<Scalar>& next = states_[l + 1];
       next.resize(graph_.outputs().size());
       for (std::size_t s = 0; s < next.size(); ++s) next[s] = executor_.value(graph_.outputs()[s]);
@@ -297,11 +360,14 @@ class Analysis {
     auto& skip_gain = result_.sublayers.at("skip_gain");
     auto& branch_gain = result_.sublayers.at("branch_gain");
     std::vector<double> weight(probes);
+    ensure_weights(sublayers_ - 1);
     for (int l = sublayers_ - 1; l >= 0; --l) {
       const auto branch = prepare_sublayer(l);
-      executor_.forward(graph_, states_[l], branch);  // recompute the activations
-      executor_.backward(graph_, gradient_, false, branch, skip_part_);
-      executor_.backward(graph_, gradient_, true, branch, previous_);
+      with_prefetch(l - 1, [&] {
+        executor_.forward(graph_, states_[l], branch);  // recompute the activations
+        executor_.backward(graph_, gradient_, false, branch, skip_part_);
+        executor_.backward(graph_, gradient_, true, branch, previous_);
+      });
       // Probe-RMS gains: each probe weighted by its true squared norm at state l+1.
       const double top = *std::max_element(log_scale_.begin(), log_scale_.end());
       double total = 0, total_skip = 0, total_branch = 0, weights = 0;
@@ -363,7 +429,12 @@ class Analysis {
   std::vector<State<Scalar>> states_;
   SublayerGraph graph_;
   GraphExecutor<Scalar> executor_;
-  SublayerWeights<Scalar> weights_;
+  SublayerWeights<Scalar> weight_buffers_[2];
+  int loaded_[2] = {-1, -1};  // which sublayer's weights each buffer holds
+  std::thread prefetch_thread_;
+  std::mutex prefetch_mutex_;
+  std::condition_variable prefetch_wakeup_;
+  int prefetch_request_ = kNoRequest;
   State<Scalar> cotangent_out_, gradient_, previous_, skip_part_;
   std::vector<double> log_scale_;  // per probe: log of the true norm of the current gradient
   const Mat<Scalar>* input_;

@@ -12,37 +12,35 @@ constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // 2^64 / phi, SplitMi
 constexpr std::size_t kChunkPairs = 512;                   // pairs generated per vectorised chunk
 constexpr float kTwoToMinus24 = 1.0f / 16777216.0f;
 
-// Writes 2 * pair_count standard normals for pairs [first_pair, first_pair + pair_count).
-void standard_normal_pairs(std::uint64_t key, std::uint64_t first_pair, std::size_t pair_count, float* cos_out,
-                           float* sin_out) {
-  Eigen::ArrayXf u_radius(pair_count), u_angle(pair_count);
-  for (std::size_t j = 0; j < pair_count; ++j) {
+using ChunkArray = Eigen::Array<float, kChunkPairs, 1>;
+
+// One chunk of 2 * kChunkPairs standard normals: Box-Muller on pairs [first_pair, first_pair +
+// kChunkPairs); cosines fill out[0, kChunkPairs), sines out[kChunkPairs, 2 kChunkPairs).
+void standard_normal_chunk(std::uint64_t key, std::uint64_t first_pair, float* out) {
+  ChunkArray u_radius, u_angle;
+  for (std::size_t j = 0; j < kChunkPairs; ++j) {
     const std::uint64_t bits = mix64(key + (first_pair + j + 1) * kGolden);
     // 24-bit uniforms: radius draw in (0, 1] (log never sees 0), angle draw in [0, 1).
     u_radius[j] = static_cast<float>((bits >> 40) + 1) * kTwoToMinus24;
     u_angle[j] = static_cast<float>((bits >> 8) & 0xFFFFFFu) * kTwoToMinus24;
   }
-  const Eigen::ArrayXf radius = (-2.0f * u_radius.log()).sqrt();
-  const Eigen::ArrayXf angle = (2.0f * std::numbers::pi_v<float>)*u_angle;
-  Eigen::Map<Eigen::ArrayXf>(cos_out, pair_count) = radius * angle.cos();
-  Eigen::Map<Eigen::ArrayXf>(sin_out, pair_count) = radius * angle.sin();
+  const ChunkArray radius = (-2.0f * u_radius.log()).sqrt();
+  const ChunkArray angle = (2.0f * std::numbers::pi_v<float>)*u_angle;
+  Eigen::Map<ChunkArray> cosines(out), sines(out + kChunkPairs);
+  cosines = radius * angle.cos();
+  sines = radius * angle.sin();
 }
 
-// Chunks are always whole (kChunkPairs pairs, a multiple of every SIMD width), so each draw goes
-// through the same vectorised code path whatever `count` is: element i depends on (key, i) only.
+// Chunks are always whole (a multiple of every SIMD width), so each draw goes through the same
+// vectorised code path whatever `count` is: element i depends on (key, i) only.
 template <typename Scalar>
 void fill_normal_impl(std::uint64_t key, Scalar stddev, Scalar* out, std::size_t count) {
-  alignas(64) float cos_part[kChunkPairs];
-  alignas(64) float sin_part[kChunkPairs];
-  const std::size_t pairs = (count + 1) / 2;
-  for (std::size_t first = 0; first < pairs; first += kChunkPairs) {
-    const std::size_t n = std::min(kChunkPairs, pairs - first);
-    standard_normal_pairs(key, first, kChunkPairs, cos_part, sin_part);
-    for (std::size_t j = 0; j < n; ++j) {
-      const std::size_t i = 2 * (first + j);
-      out[i] = stddev * static_cast<Scalar>(cos_part[j]);
-      if (i + 1 < count) out[i + 1] = stddev * static_cast<Scalar>(sin_part[j]);
-    }
+  constexpr std::size_t kChunk = 2 * kChunkPairs;
+  alignas(64) float chunk[kChunk];
+  for (std::size_t begin = 0; begin < count; begin += kChunk) {
+    standard_normal_chunk(key, begin / 2, chunk);
+    const std::size_t n = std::min(kChunk, count - begin);
+    for (std::size_t i = 0; i < n; ++i) out[begin + i] = stddev * static_cast<Scalar>(chunk[i]);
   }
 }
 }  // namespace

@@ -16,8 +16,8 @@ std::uint64_t mix64(std::uint64_t value);
 std::uint64_t stream_key(std::uint64_t seed, RandomUse use, std::uint64_t major, std::uint64_t minor = 0);
 
 // Fills out[0..count) with stddev * N(0, 1) draws of stream `key`. Element i depends only on
-// (key, i): pairs come from Box-Muller on SplitMix64(key, i / 2), in float (the same draws feed
-// float32 and float64 runs, so the two precisions differ only in arithmetic).
+// (key, i): Box-Muller on SplitMix64 counters, computed in float in whole chunks of 1024 (the same
+// draws feed float32 and float64 runs, so the two precisions differ only in arithmetic).
 void fill_normal(std::uint64_t key, float stddev, float* out, std::size_t count);
 void fill_normal(std::uint64_t key, double stddev, double* out, std::size_t count);
 

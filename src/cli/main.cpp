@@ -11,6 +11,11 @@ int main(int argc, char** argv) {
   CLI::App app{"gradflow: signal and gradient flow in deep Transformer stacks, measured exactly at depth."};
   app.set_version_flag("--version", std::string("gradflow ") + GRADFLOW_VERSION);
   app.require_subcommand(1);
+  // One line naming the value and where the valid choices are listed.
+  app.failure_message([](const CLI::App* failed, const CLI::Error& error) {
+    return fmt::format("gradflow: error: {}; see 'gradflow {}--help'\n", error.what(),
+                       failed->get_parent() ? failed->get_name() + " " : "");
+  });
   app.footer("Definitions: shared/spec (architectures.md, metrics.md). Exit codes: 0 ok, 1 check failed, 2 bad input.");
   const gradflow::cli::Command commands[] = {gradflow::cli::setup_analyze(app), gradflow::cli::setup_archs(app)};
   try {
