@@ -49,7 +49,9 @@ AttentionOptions GraphExecutor<Scalar>::attention_options(const SublayerGraph& g
                                                           const BranchContext<Scalar>& context) const {
   AttentionOptions options;
   options.heads = context.heads;
-  options.norm = context.norm;
+  // q/k/v norms are RMSNorm whatever --norm is: HybridNorm's "per-head RMSNorm on Q, K and V"
+  // (arXiv 2503.04598, Eq. 5) and OLMo 2's QK-norm (arXiv 2501.00656, Sec. 3.3) both specify it.
+  options.norm = NormKind::rms;
   options.qkv_norm = graph.qkv_norm();
   const double head_dim = static_cast<double>(context.weights->w_q.cols()) / context.heads;
   options.score_scale = graph.score_scale().value_or(1.0 / std::sqrt(head_dim));

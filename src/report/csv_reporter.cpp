@@ -1,5 +1,6 @@
-// CSV reporter: tidy RFC 4180 rows, one per (arch, blocks, seed, state index). Sublayer figures on
-// row l describe sublayer l (x_l -> x_{l+1}) and are empty on the last row.
+// CSV reporter: tidy RFC 4180 rows, one per (arch, blocks, seed, state index), with the main
+// configuration repeated as columns so that concatenated files stay self-describing. Sublayer
+// figures on row l describe sublayer l (x_l -> x_{l+1}) and are empty on the last row.
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
@@ -29,7 +30,7 @@ void write_csv(const AnalysisReport& report, std::ostream& out) {
   if (report.results.empty()) return;
   const SeedResult& first = report.results.front().seeds.front();
   const auto streams = stream_names(report);
-  out << "arch,blocks,sublayers,seed,index,kind,block";
+  out << "arch,blocks,sublayers,width,heads,seq,norm,init,precision,seed,index,kind,block";
   for (const auto& name : first.states.names) out << ',' << name;
   for (const auto& name : first.sublayers.names) out << ',' << name;
   for (const auto& stream : streams) out << ",rms_" << stream << ",log10_grad_" << stream;
@@ -39,8 +40,11 @@ void write_csv(const AnalysisReport& report, std::ostream& out) {
     for (const SeedResult& seed : result.seeds) {
       for (int l = 0; l <= sublayers; ++l) {
         const bool has_sublayer = l < sublayers;
-        out << result.arch->id << ',' << result.config.blocks << ',' << sublayers << ',' << seed.seed << ',' << l << ','
-            << (has_sublayer ? to_string(seed.kinds[l]) : "") << ',' << (has_sublayer ? fmt::format("{}", seed.blocks[l]) : "");
+        const ModelConfig& c = result.config;
+        out << result.arch->id << ',' << c.blocks << ',' << sublayers << ',' << c.width << ',' << c.heads << ',' << c.seq
+            << ',' << to_string(c.norm) << ',' << to_string(c.init) << ',' << to_string(c.precision) << ',' << seed.seed
+            << ',' << l << ',' << (has_sublayer ? to_string(seed.kinds[l]) : "") << ','
+            << (has_sublayer ? fmt::format("{}", seed.blocks[l]) : "");
         for (const auto& column : seed.states.values) out << ',' << cell(column[l]);
         for (const auto& column : seed.sublayers.values) out << ',' << (has_sublayer ? cell(column[l]) : "");
         for (const auto& name : streams) {

@@ -327,6 +327,11 @@ def deepscalelm_and_constants():
     assert consts["alpha"] == 3.0 and any("alpha" in n for n in notes)
     stack, x0, probes, cfg, consts, notes = R.build_from_export(path, constants_source="spec")
     assert consts["alpha"] == 6.0
+    # gradflow's form {"value": v, "formula": ..., "unit": ...} is read too
+    _, notes = R.resolve_constants("deepnorm", {"constants": {"alpha": {"value": 1.5, "unit": "blocks"}}}, 3, 6, 0.25)
+    assert any("alpha" in n for n in notes)
+    _, notes = R.resolve_constants("deepnorm", {"constants": {"alpha": {"value": 6 ** 0.25}}}, 3, 6, 0.25)
+    assert notes == []
 
 
 @test
