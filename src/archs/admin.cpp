@@ -15,7 +15,7 @@ Architecture admin() {
   arch.expected_growth = "bounded";
   arch.profiles_skip_weight = true;
   arch.constants = [](const ModelConfig&) -> Constants {
-    return {{"w_0", 1.0, "w_0 = 1, w_{l+1}^2 = w_l^2 + Var[F_l] (profiled)", "sublayers"}};
+    return {{"w_0", 1.0, "1 (then w_{l+1}^2 = w_l^2 + Var[F_l], profiled)", "sublayers"}};
   };
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
     recipes::post_norm(g, ctx.profiled_skip_weight);
