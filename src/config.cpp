@@ -1,6 +1,7 @@
 // Names of the configuration's closed sets, validation, and the memory estimate.
 #include "gradflow/config.hpp"
 
+#include <cmath>
 #include <fmt/format.h>
 
 #include "gradflow/errors.hpp"
@@ -89,6 +90,9 @@ void validate(const ModelConfig& config) {
   }
   if (config.mix_ratio < 0.0 || config.mix_ratio > 1.0) {
     throw InputError(fmt::format("--mix-ratio {} must lie in [0, 1]; try --mix-ratio 0.25", config.mix_ratio));
+  }
+  if (config.rezero_alpha && !std::isfinite(*config.rezero_alpha)) {
+    throw InputError(fmt::format("--rezero-alpha {} must be finite; omit it for rezero's a = 0 at init", *config.rezero_alpha));
   }
   if (config.branch == BranchKind::rotation && config.width % 2 != 0) {
     throw InputError(fmt::format("--ideal-branch rotation needs an even --width, not {}; try --width {}", config.width,

@@ -147,7 +147,15 @@ class Analysis {
     result_.seed = seed_;
     allocate_figures();
     start_prefetch_thread();
-    const bool forward_ok = forward();
+    const Mat<Scalar> seed_input = make_input<Scalar>(config_, seed_);
+    // Admin's profiled w is part of the init: it is profiled on the seed's own input and held
+    // fixed for a replacement input (finite differences perturb x_0, not the init).
+    const bool profile_separately = input_ && arch_.profiles_skip_weight;
+    if (profile_separately) {
+      forward(seed_input, true);
+      result_.diverged.reset();
+    }
+    const bool forward_ok = forward(input_ ? *input_ : seed_input, !profile_separately);
     if (forward_ok) backward();
     stop_prefetch_thread();
     summarize();
@@ -265,16 +273,20 @@ class Analysis {
     if (progress_) progress_(done, total_work());
   }
 
-  bool forward() {
+  // profile: update the profiled skip weights (Admin) from this pass.
+  bool forward(const Mat<Scalar>& input, bool profile) {
     states_.assign(sublayers_ + 1, {});
-    const Mat<Scalar> input = input_ ? *input_ : make_input<Scalar>(config_, seed_);
     states_[0].assign(arch_.initial_streams, input);
     record_state_rms(0);
     auto& branch_rms = result_.sublayers.at("branch_rms");
     auto& stream_share = result_.sublayers.at("stream_share");
+    auto& skip_gain_theory = result_.sublayers.at("skip_gain_theory");
     ensure_weights(0);
     for (int l = 0; l < sublayers_; ++l) {
       const auto branch = prepare_sublayer(l);
+      if (arch_.profiles_skip_weight && arch_.skip_gain_theory) {  // w_l is known from here on
+        skip_gain_theory[l] = arch_.skip_gain_theory(context(l)).value_or(kNaN);
+      }
       with_prefetch(l + 1, [&] { executor_.forward(graph_, states_[l], branch); });
       State<Scalar>& next = states_[l + 1];
       next.resize(graph_.outputs().size());
@@ -282,7 +294,7 @@ class Analysis {
       const double update_sq = squared_norm(executor_.value(graph_.update_id()));
       branch_rms[l] = std::sqrt(update_sq / executor_.value(graph_.update_id()).size());
       stream_share[l] = std::sqrt(update_sq / squared_norm(executor_.value(graph_.sum_id())));
-      if (arch_.profiles_skip_weight) {  // Admin: w_{l+1}^2 = w_l^2 + Var[F_l] (Liu et al. 2020, Alg. 1)
+      if (profile && arch_.profiles_skip_weight) {  // Admin: w_{l+1}^2 = w_l^2 + Var[F_l] (Liu et al. 2020, Alg. 1)
         const auto& f = executor_.value(graph_.branch_id());
         const double mean = f.template cast<double>().mean();
         const double variance = squared_norm(f) / f.size() - mean * mean;

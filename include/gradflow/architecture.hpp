@@ -71,11 +71,22 @@ std::vector<const Architecture*> parse_architecture_list(std::string_view list);
 namespace recipes {
 void post_norm(SublayerGraph& g, double skip_weight);  // x <- N(w x + F(x))
 void pre_norm(SublayerGraph& g);                        // x <- x + F(N(x))
+// x <- w x + s F(N(x)): pre-norm with a skip weight w and a branch scale s (LayerScale, depth-muP,
+// DeepScaleLM); the update is s F(N(x)).
+void scaled_pre_norm(SublayerGraph& g, double skip_weight, double branch_scale);
+// HybridNorm (Zhuo et al. 2025, arXiv 2503.04598): attention x <- x + Attn(x) with per-head
+// q/k/v norm and no input norm; FFN h = N(x), x <- h + FFN(h).
+void hybrid_norm(SublayerGraph& g, SublayerKind kind);
 void final_norm(SublayerGraph& g);                      // y = N(x)
 void identity_output(SublayerGraph& g);                 // y = x
 // The idealised skip factor of a post-norm sublayer with skip weight a: a / sqrt(a^2 + 1)
 // (Keel, arXiv 2601.19895, Eq. 15 with a = 1 and Eq. 19).
 double post_norm_skip_theory(double skip_weight);
+// An identity skip path: skip_gain is exactly 1.
+std::optional<double> identity_skip_theory(const SublayerContext& ctx);
+// DeepNet's init (arXiv 2203.00555, Fig. 2): gain beta (the constant "beta") on W_V, W_O, W_1,
+// W_2 and gain 1 on W_Q, W_K; shared by deepnorm and deepnorm-glm.
+double deepnet_init_gain(const SublayerContext& ctx, WeightMatrix matrix);
 }  // namespace recipes
 
 }  // namespace gradflow

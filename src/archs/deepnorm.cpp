@@ -28,10 +28,7 @@ Architecture deepnorm() {
     return recipes::post_norm_skip_theory(constant_value(ctx.constants, "alpha"));
   };
   // Xavier-normal with gain beta on W_V, W_O, W_1, W_2 and gain 1 on W_Q, W_K (DeepNet Fig. 2).
-  arch.init_gain = [](const SublayerContext& ctx, WeightMatrix matrix) {
-    const bool query_or_key = matrix == WeightMatrix::q || matrix == WeightMatrix::k;
-    return query_or_key ? 1.0 : constant_value(ctx.constants, "beta");
-  };
+  arch.init_gain = recipes::deepnet_init_gain;
   return arch;
 }
 

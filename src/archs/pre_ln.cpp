@@ -13,7 +13,7 @@ Architecture pre_ln() {
   arch.expected_growth = "sqrt";
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext&) { recipes::pre_norm(g); };
   arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::final_norm(g); };
-  arch.skip_gain_theory = [](const SublayerContext&) -> std::optional<double> { return 1.0; };  // identity skip
+  arch.skip_gain_theory = recipes::identity_skip_theory;
   return arch;
 }
 

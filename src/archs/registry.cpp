@@ -16,6 +16,23 @@ const std::vector<Architecture>& architectures() {
       archs::pre_ln(),
       archs::deepnorm(),
       archs::keel(),
+      archs::mix_ln(),
+      archs::hybridnorm(),
+      archs::hybridnorm_star(),
+      archs::resi_dual(),
+      archs::siamese_norm(),
+      archs::span_norm(),
+      archs::peri_ln(),
+      archs::olmo2(),
+      archs::admin(),
+      archs::rezero(),
+      archs::layerscale(),
+      archs::depth_mup(),
+      archs::deepscalelm(),
+      archs::ngpt(),
+      archs::lns(),
+      archs::deepnorm_glm(),
+      archs::plain(),
   };
   return table;
 }
@@ -85,10 +102,30 @@ void post_norm(SublayerGraph& g, double skip_weight) {
   g.mark_update(update, sum);
 }
 
-void pre_norm(SublayerGraph& g) {
+void pre_norm(SublayerGraph& g) { scaled_pre_norm(g, 1.0, 1.0); }
+
+void scaled_pre_norm(SublayerGraph& g, double skip_weight, double branch_scale) {
   const Value x = g.input(0);
-  const Value update = g.branch(g.norm(x));
-  const Value sum = g.add(x, update);
+  const Value branch = g.branch(g.norm(x));
+  const Value update = branch_scale == 1.0 ? branch : g.scale(branch, branch_scale);
+  const Value skip = skip_weight == 1.0 ? x : g.scale(x, skip_weight);
+  const Value sum = g.add(skip, update);
+  g.set_outputs({sum});
+  g.mark_update(update, sum);
+}
+
+void hybrid_norm(SublayerGraph& g, SublayerKind kind) {
+  const Value x = g.input(0);
+  if (kind == SublayerKind::attn) {
+    const Value update = g.branch(x, QkvNorm::per_head_qkv);
+    const Value sum = g.add(x, update);
+    g.set_outputs({sum});
+    g.mark_update(update, sum);
+    return;
+  }
+  const Value h = g.norm(x);
+  const Value update = g.branch(h);
+  const Value sum = g.add(h, update);
   g.set_outputs({sum});
   g.mark_update(update, sum);
 }
@@ -99,6 +136,13 @@ void identity_output(SublayerGraph& g) { g.set_outputs({g.input(0)}); }
 
 double post_norm_skip_theory(double skip_weight) {
   return skip_weight / std::sqrt(skip_weight * skip_weight + 1.0);
+}
+
+std::optional<double> identity_skip_theory(const SublayerContext&) { return 1.0; }
+
+double deepnet_init_gain(const SublayerContext& ctx, WeightMatrix matrix) {
+  const bool query_or_key = matrix == WeightMatrix::q || matrix == WeightMatrix::k;
+  return query_or_key ? 1.0 : constant_value(ctx.constants, "beta");
 }
 
 }  // namespace recipes

@@ -39,6 +39,15 @@ std::string export_path(const std::string& base, std::string_view arch, std::uin
       .string();
 }
 
+// The placements whose skip weight --alpha overrides.
+std::vector<std::string_view> alpha_placements() {
+  std::vector<std::string_view> ids;
+  for (const Architecture& arch : architectures()) {
+    if (arch.accepts_alpha) ids.push_back(arch.id);
+  }
+  return ids;
+}
+
 int run_analyze(AnalyzeOptions options) {
   ModelConfig& model = options.model;
   if (options.ideal_branch) model.branch = BranchKind::rotation;
@@ -52,8 +61,8 @@ int run_analyze(AnalyzeOptions options) {
     bool any = false;
     for (const Architecture* arch : archs) any = any || arch->accepts_alpha;
     if (!any) {
-      throw InputError(fmt::format("--alpha {} does not apply to {}; it sets the skip weight of deepnorm and keel",
-                                   *model.alpha, options.arch));
+      throw InputError(fmt::format("--alpha {} does not apply to {}; it sets the skip weight of {}",
+                                   *model.alpha, options.arch, fmt::join(alpha_placements(), ", ")));
     }
     for (const Architecture* arch : archs) {
       if (!arch->accepts_alpha) fmt::print(stderr, "gradflow: warning: --alpha does not apply to {}; ignored there\n", arch->id);
@@ -178,9 +187,12 @@ Command setup_analyze(CLI::App& app) {
       ->check(CLI::IsMember({"xavier", "gpt2", "small"}));
   sub->add_option("--precision", options->precision, "Arithmetic: f32 or f64 (gradient logs are always accumulated in double)")
       ->check(CLI::IsMember({"f32", "f64"}));
-  sub->add_option("--alpha", m.alpha, "Override the skip weight a of deepnorm or keel (default: the paper's constant)")
+  sub->add_option("--alpha", m.alpha, "Override the skip weight a of deepnorm, deepnorm-glm or keel (default: the paper's constant)")
       ->default_str("paper's constant");
   sub->add_option("--keel-variant", m.keel_variant, "Keel's first sublayers: v2 (paper v2) or v1");
+  sub->add_option("--mix-ratio", m.mix_ratio, "mix-ln: fraction r of blocks (the first floor(r B)) that are post-ln");
+  sub->add_option("--rezero-alpha", m.rezero_alpha, "rezero: the branch weight a (default 0, as at init)")
+      ->default_str("0");
   sub->add_option("--probes", m.probes, "Random probes U per seed (per-state figures are RMS over probes)");
   sub->add_option("--input-corr", m.input_corr, "Correlation r of the input tokens, in [0, 1]");
   auto* seed = sub->add_option("--seed", options->seed, "Seed of a single run");

@@ -1,6 +1,7 @@
 // `gradflow archs`: the registry of placements, as a table or JSON.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <iostream>
 
 #include "commands.hpp"
@@ -23,6 +24,37 @@ std::string constants_text(const Architecture& arch, const ModelConfig& config) 
     text += fmt::format("{} = {} = {:.6g} ({})", c.name, c.formula, c.value, c.unit);
   }
   return text.empty() ? "-" : text;
+}
+
+// The closed-form skip factors (architectures.md "Closed forms") under the idealised branch:
+// per sublayer and their product over the stack, in log10 (2^(-S/2) underflows at large S).
+void print_closed_forms(const Architecture& arch, const ModelConfig& config) {
+  if (!arch.skip_gain_theory) {
+    fmt::print("  skip factor: no closed form\n");
+    return;
+  }
+  if (arch.profiles_skip_weight) {
+    fmt::print("  skip factor: w_l / sqrt(w_l^2 + 1) with w_l profiled at run time (see skip_gain_theory)\n");
+    return;
+  }
+  const Constants constants = resolve_constants(arch, config);
+  double log10_product = 0.0;
+  int known = 0;
+  for (int l = 0; l < config.sublayers(); ++l) {
+    const SublayerContext ctx{config, constants, l, config.block_of(l), config.sublayer_kind(l), 1.0};
+    if (const auto theory = arch.skip_gain_theory(ctx)) log10_product += std::log10(*theory), ++known;
+  }
+  const int last = config.sublayers() - 1;
+  const SublayerContext ctx{config, constants, last, config.block_of(last), config.sublayer_kind(last), 1.0};
+  if (const auto theory = arch.skip_gain_theory(ctx)) {
+    fmt::print("  skip factor: {:.6g} per sublayer under the idealised branch (last sublayer)\n", *theory);
+  }
+  if (known == config.sublayers()) {
+    fmt::print("  skip path:   product over all {} sublayers = 10^{:.6g} = {:.6g}\n", known, log10_product,
+               std::pow(10.0, log10_product));
+  } else {
+    fmt::print("  skip path:   closed form for {} of {} sublayers only\n", known, config.sublayers());
+  }
 }
 
 int run_archs(const ArchsOptions& options) {
@@ -48,23 +80,17 @@ int run_archs(const ArchsOptions& options) {
   for (const Architecture* arch : selected) {
     if (detail) {
       fmt::print("{}{}\n  update:      {}\n  final norm:  {}\n  constants:   {}  (at depth B = {}, S = {})\n  streams:     {}\n"
-                 "  growth:      {} at init\n  source:      {}\n",
+                 "  growth:      {} at init (growth class of the residual stream, metrics.md)\n  source:      {}\n",
                  arch->id, arch->provisional ? "  [PROVISIONAL]" : "", arch->update_rule, arch->final_norm,
                  constants_text(*arch, config), config.blocks, config.sublayers(), fmt::join(arch->streams, ", "),
                  arch->expected_growth, arch->citation);
       if (arch->provisional) fmt::print("  provisional: {}\n", arch->provisional_note);
-      if (arch->skip_gain_theory) {
-        const Constants constants = resolve_constants(*arch, config);
-        const int last = config.sublayers() - 1;
-        const SublayerContext ctx{config, constants, last, config.block_of(last), config.sublayer_kind(last), 1.0};
-        if (const auto theory = arch->skip_gain_theory(ctx)) {
-          fmt::print("  skip factor: {:.6g} per sublayer under the idealised branch (last sublayer)\n", *theory);
-        }
-      }
+      print_closed_forms(*arch, config);
       fmt::print("\n");
     } else {
-      fmt::print("{:<16} {:<34} {:<10} {}{}\n", arch->id, arch->update_rule, arch->final_norm, arch->citation,
-                 arch->provisional ? " [PROVISIONAL]" : "");
+      fmt::print("{:<16} {}{}\n  final norm: {}\n  constants:  {}\n  source:     {}\n", arch->id, arch->update_rule,
+                 arch->provisional ? "  [PROVISIONAL: see --arch for why]" : "", arch->final_norm,
+                 constants_text(*arch, config), arch->citation);
     }
   }
   if (!detail) fmt::print("\n{} placements. 'gradflow archs --arch ID' for one in detail; --format json for machines.\n", selected.size());

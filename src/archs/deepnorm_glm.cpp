@@ -1,0 +1,34 @@
+// deepnorm-glm: DeepNorm with GLM-130B's constants, x <- N(a x + F(x)), a = (2B)^(1/2), Xavier
+// gain b = (2B)^(-1/2) on W_V, W_O, W_1, W_2 (Zeng et al. 2022 "GLM-130B", arXiv 2210.02414,
+// Sec. 2.1). Not DeepNet's table (see deepnorm.cpp).
+#include <cmath>
+
+#include "archs.hpp"
+
+namespace gradflow::archs {
+
+Architecture deepnorm_glm() {
+  Architecture arch;
+  arch.id = "deepnorm-glm";
+  arch.update_rule = "x <- N(a x + F(x))";
+  arch.final_norm = "none";
+  arch.citation = "Zeng et al. 2022 \"GLM-130B\", arXiv 2210.02414 (DeepNorm variant)";
+  arch.expected_growth = "bounded";
+  arch.accepts_alpha = true;
+  arch.constants = [](const ModelConfig& config) -> Constants {
+    const double blocks = config.blocks;
+    return {{"alpha", config.alpha.value_or(std::sqrt(2.0 * blocks)), config.alpha ? "--alpha" : "(2B)^(1/2)", "blocks"},
+            {"beta", 1.0 / std::sqrt(2.0 * blocks), "(2B)^(-1/2)", "blocks"}};
+  };
+  arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
+    recipes::post_norm(g, constant_value(ctx.constants, "alpha"));
+  };
+  arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::identity_output(g); };
+  arch.skip_gain_theory = [](const SublayerContext& ctx) -> std::optional<double> {
+    return recipes::post_norm_skip_theory(constant_value(ctx.constants, "alpha"));
+  };
+  arch.init_gain = recipes::deepnet_init_gain;
+  return arch;
+}
+
+}  // namespace gradflow::archs

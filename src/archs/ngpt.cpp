@@ -1,0 +1,34 @@
+// ngpt: h <- U(U(h) + a (U(F(h)) - U(h))), U(v) = v / norm(v) per token, a = 0.05; q and k
+// unit-normalised per head, softmax scale sqrt(d_h); no final norm (Loshchilov et al. 2024 "nGPT",
+// arXiv 2410.01131, Sec. 2; NVIDIA/ngpt model.py: justnorm, attn_alpha_init_value = 0.05).
+#include <cmath>
+
+#include "archs.hpp"
+
+namespace gradflow::archs {
+
+Architecture ngpt() {
+  Architecture arch;
+  arch.id = "ngpt";
+  arch.update_rule = "h <- U(U(h) + a (U(F(h)) - U(h)))";
+  arch.final_norm = "none";
+  arch.citation = "Loshchilov et al. 2024 \"nGPT\", arXiv 2410.01131";
+  arch.expected_growth = "bounded";  // every state after the first sublayer lies on the unit sphere
+  arch.constants = [](const ModelConfig&) -> Constants {
+    return {{"alpha", 0.05, "0.05 (alpha_A, alpha_M at init)", "-"}};
+  };
+  arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
+    const Value h = g.input(0);
+    const std::optional<double> score_scale = std::sqrt(static_cast<double>(ctx.config.head_dim()));
+    const Value branch = g.unit(g.branch(h, QkvNorm::per_head_qk_unit, score_scale));
+    const Value h_unit = g.unit(h);
+    const Value update = g.scale(g.add(branch, g.scale(h_unit, -1.0)), constant_value(ctx.constants, "alpha"));
+    const Value sum = g.add(h_unit, update);
+    g.set_outputs({g.unit(sum)});
+    g.mark_update(update, sum);
+  };
+  arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::identity_output(g); };
+  return arch;
+}
+
+}  // namespace gradflow::archs
