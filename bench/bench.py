@@ -1,0 +1,145 @@
+#!/usr/bin/python3
+"""gradflow's benchmark: wall time, peak RSS and achieved GFLOP/s of `gradflow analyze`, side by side
+with a plain PyTorch implementation of the same analysis and a float32 GEMM roofline, all measured
+in one run on one machine. Writes a JSON file and prints a Markdown table.
+
+The PyTorch side uses whatever BLAS Debian's torch links (generic BLAS on Debian 12), so its time is
+that of a straightforward PyTorch script on this machine.
+
+Usage: bench/bench.py [--gradflow build/gradflow] [--depths 64,256,1024,4096,8192] [--skip-torch] [-o FILE]
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+
+def forward_backward_flops(blocks, width=256, seq=64):
+    """GEMM FLOPs of one analysis: forward, recomputed forward and the input-gradient backward."""
+    d, t, hidden = width, seq, 4 * width
+    attention = 4 * 2 * t * d * d + 2 * 2 * t * t * d   # projections + scores and context
+    ffn = 2 * 2 * t * d * hidden
+    forward = attention + ffn
+    backward = 4 * 2 * t * d * d + 4 * 2 * t * t * d + ffn  # dX through every matrix + attention core
+    return blocks * (2 * forward + backward)
+
+
+def run_measured(command, env=None):
+    """Runs a command in a child; returns (seconds, peak RSS in MB of that child, stdout)."""
+    start = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M", *command], capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: {' '.join(command)} failed: {proc.stderr[-500:]}")
+    peak_kb = int(proc.stderr.strip().splitlines()[-1])
+    return seconds, peak_kb / 1024, proc.stdout
+
+
+def strip_timing(text):
+    doc = json.loads(text)
+    doc.pop("timing", None)
+    doc.pop("threads", None)
+    for run in doc["runs"]:
+        for seed in run["seeds"]:
+            seed.pop("timing", None)
+    return json.dumps(doc, sort_keys=True)
+
+
+TORCH_SCRIPT = r'''
+import sys, time, math, torch
+torch.set_num_threads(int(sys.argv[2])); torch.manual_seed(0)
+B = int(sys.argv[1]); d, T, h = 256, 64, 4; S = 2 * B; dh = d // h
+def rms(x): return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+def xavier(i, o): return torch.randn(i, o) * math.sqrt(2 / (i + o))
+mask = torch.full((T, T), float("-inf")).triu(1)
+def attn(x, W):
+    q, k, v = (x @ W[0]).view(T, h, dh).transpose(0, 1), (x @ W[1]).view(T, h, dh).transpose(0, 1), (x @ W[2]).view(T, h, dh).transpose(0, 1)
+    p = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(dh) + mask, -1)
+    return (p @ v).transpose(0, 1).reshape(T, d) @ W[3]
+def ffn(x, W): return torch.nn.functional.gelu(x @ W[0]) @ W[1]
+start = time.perf_counter()
+x = torch.randn(T, d); states = [x]; x.requires_grad_(True)
+for l in range(S):  # keel, paper v2: x <- N1(a x + F(N2(x))), a = S; first attention pre-ln, first FFN a = 1
+    W = [xavier(d, d) for _ in range(4)] if l % 2 == 0 else [xavier(d, 4 * d), xavier(4 * d, d)]
+    f = attn if l % 2 == 0 else ffn
+    if l == 0: x = x + f(rms(x), W)
+    else: x = rms((1.0 if l == 1 else S) * x + f(rms(x), W))
+    x.retain_grad(); states.append(x)
+loss = (torch.randn(T, d) * x).sum(); loss.backward()
+log10_grad = [math.log10(s.grad.norm().item()) for s in states]
+print(time.perf_counter() - start, log10_grad[0] - log10_grad[-1])
+'''
+
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gradflow", default="build/gradflow")
+    parser.add_argument("--depths", default="64,256,1024,4096,8192")
+    parser.add_argument("--torch-depth", type=int, default=1024)
+    parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("-o", "--output", default="bench/results.json")
+    args = parser.parse_args()
+    depths = [int(x) for x in args.depths.split(",")]
+    results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "runs": []}
+
+    # The roofline: Eigen's float32 GEMM (what gradflow's GEMMs run on), threaded, 2048^3.
+    roofline_tool = os.path.join(os.path.dirname(args.gradflow), "gradflow_gemm_roofline")
+    measured = json.loads(subprocess.run([roofline_tool], capture_output=True, text=True, check=True).stdout)
+    roofline = {1: measured["large"]["1"], 2: measured["large"]["2"]}
+    results["gemm_roofline_gflops"] = measured
+
+    def gradflow(depth, threads):
+        seconds, rss, out = run_measured([args.gradflow, "analyze", "--arch", "keel", "--depth", str(depth),
+                                          "--threads", str(threads), "-q"])
+        flops = forward_backward_flops(depth)
+        row = {"tool": "gradflow", "depth": depth, "threads": threads, "seconds": seconds, "peak_rss_mb": rss,
+               "gflops": flops / seconds / 1e9, "roofline_fraction": flops / seconds / 1e9 / roofline[threads]}
+        results["runs"].append(row)
+        print(f"gradflow depth {depth:5d} threads {threads}: {seconds:7.2f} s, {rss:7.0f} MB, "
+              f"{row['gflops']:6.1f} GFLOP/s ({100 * row['roofline_fraction']:.0f}% of GEMM roofline)", file=sys.stderr)
+        return row, out
+
+    one, out_one = gradflow(1024, 1)
+    two, out_two = gradflow(1024, 2)
+    results["threads_speedup"] = one["seconds"] / two["seconds"]
+    results["threads_identical_output"] = strip_timing(out_one) == strip_timing(out_two)
+    scaling = [gradflow(depth, 2)[0] for depth in depths if depth != 1024] + [two]
+    scaling.sort(key=lambda r: r["depth"])
+    results["seconds_per_block"] = {r["depth"]: r["seconds"] / r["depth"] for r in scaling}
+
+    if not args.skip_torch:
+        for threads in (2,):
+            seconds, rss, out = run_measured([sys.executable, "-c", TORCH_SCRIPT, str(args.torch_depth), str(threads)])
+            row = {"tool": "pytorch", "depth": args.torch_depth, "threads": threads, "seconds": seconds,
+                   "peak_rss_mb": rss, "gflops": forward_backward_flops(args.torch_depth) / 1.5 / seconds / 1e9}
+            results["runs"].append(row)
+            print(f"pytorch  depth {args.torch_depth:5d} threads {threads}: {seconds:7.2f} s, {rss:7.0f} MB", file=sys.stderr)
+        results["speedup_vs_pytorch"] = results["runs"][-1]["seconds"] / two["seconds"]
+        results["rss_ratio_vs_pytorch"] = results["runs"][-1]["peak_rss_mb"] / two["peak_rss_mb"]
+
+    os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump(results, f, indent=1)
+    print("| tool | depth (blocks) | threads | wall s | peak RSS MB | GFLOP/s | % roofline |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results["runs"]:
+        fraction = f"{100 * r['roofline_fraction']:.0f}" if "roofline_fraction" in r else "-"
+        print(f"| {r['tool']} | {r['depth']} | {r['threads']} | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | "
+              f"{r['gflops']:.1f} | {fraction} |")
+    print(f"\nGEMM roofline (Eigen float32 2048^3): {roofline[1]:.0f} GFLOP/s (1 thread), {roofline[2]:.0f} (2 threads); "
+          f"at the sublayer's shape 64x256x1024, 1 thread: {measured['sublayer_shape_1thread']:.0f}")
+    print(f"threads 2 vs 1 at depth 1024: {results['threads_speedup']:.2f}x, identical output: {results['threads_identical_output']}")
+    per_block = results["seconds_per_block"]
+    print("seconds per block by depth: " + ", ".join(f"{d}: {s * 1e3:.2f} ms" for d, s in per_block.items()))
+    if "speedup_vs_pytorch" in results:
+        print(f"gradflow vs PyTorch at depth {args.torch_depth}: {results['speedup_vs_pytorch']:.1f}x faster, "
+              f"{results['rss_ratio_vs_pytorch']:.1f}x less memory")
+
+
+if __name__ == "__main__":
+    main()
