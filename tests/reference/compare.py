@@ -4,7 +4,7 @@
   /usr/bin/python3 tests/reference/compare.py --gradflow build/gradflow --arch keel [--depth 3 --width 16
         --heads 2 --seq 5 --block attn-ffn --norm rms --init xavier --alpha A --keel-variant v2
         --mix-ratio R --input-corr r --tol 1e-8 --keep DIR --wrong-variant keel-alpha-on-branch]
-  ... --all            every placement in architectures.md
+  ... --all [--strict] every placement in architectures.md (--strict: UNSUPPORTED fails)
 
 Runs `BIN analyze --arch ARCH ... --precision f64 --seed 0 --export-weights TMP.safetensors -o TMP.json`,
 rebuilds the stack from the export in float64 torch, and compares per state (rms, log10_grad,
@@ -15,7 +15,8 @@ Error measure (max over indices, reported per figure):
   linear figures : |gf - ref| / max(|gf|, |ref|); both below 1e-14 in magnitude counts as 0.
   log10 figures  : |10**(gf - ref) - 1|, i.e. the relative error of the underlying norm.
   null vs number : infinite error.
-Exit: 0 all within --tol (default 1e-8), 1 any mismatch (figures or constants), 2 usage / IO / run error.
+Exit: 0 all within --tol (default 1e-8), 1 any mismatch (figures or constants) -- or, with --strict, any
+placement gradflow rejects (UNSUPPORTED) --, 2 usage / IO / run error.
 """
 import argparse
 import glob
@@ -165,12 +166,13 @@ def compare_arch(args, arch, tmp):
     mismatch = False
     notes = list(notes)
     jc = dict((run.get("config") or {}).get("constants") or {})
-    _, cnotes = R.resolve_constants(stack.arch, {"constants": jc}, stack.B, stack.S, stack.mix_ratio, "spec")
+    _, cnotes = R.resolve_constants(stack.arch, {"constants": jc}, stack.B, stack.S, stack.mix_ratio, "spec",
+                                    alpha=args.alpha, lns_index=args.lns_index)
     for n in cnotes:
         if "not used by the reference" in n:
             notes.append("info: " + n)
-        elif args.alpha is not None and "alpha" in n:
-            notes.append("info (override requested): " + n)
+        elif args.lns_index != "block" and "input_scale" in n:
+            notes.append("info (--lns-index sublayer requested): " + n)
         else:
             notes.append("CONSTANT MISMATCH: " + n)
             mismatch = True
@@ -246,8 +248,11 @@ def main(argv=None):
     p.add_argument("--tol", type=float, default=1e-8)
     p.add_argument("--qk-norm", choices=["rms", "follow"], default="rms",
                    help="norm type of q/k/v norms inside attention (hybridnorm, olmo2): RMSNorm or --norm")
-    p.add_argument("--lns-index", choices=["sublayer", "block"], default="sublayer",
-                   help="which l in lns' 1/sqrt(l+1)")
+    p.add_argument("--lns-index", choices=["sublayer", "block"], default="block",
+                   help="which index in lns' 1/sqrt(idx+1): 0-based block (default, LNS authors' code) "
+                        "or sublayer")
+    p.add_argument("--strict", action="store_true",
+                   help="with --all, an UNSUPPORTED placement is a failure (exit 1)")
     p.add_argument("--wrong-variant", choices=["keel-alpha-on-branch"],
                    help="deliberately build a WRONG reference (test that mismatches are caught)")
     p.add_argument("--keep", help="keep the exports and gradflow JSON in this directory")
@@ -271,10 +276,16 @@ def main(argv=None):
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     print("\nsummary: " + ", ".join(f"{a}={s}" for a, s in results))
-    statuses = {s for _, s in results}
-    if "MISMATCH" in statuses:
+    return exit_code([s for _, s in results], args.all, args.strict)
+
+
+def exit_code(statuses, all_archs, strict):
+    """1: a MISMATCH, or (with --strict) an UNSUPPORTED placement; 2: an ERROR, or UNSUPPORTED for a single
+    --arch without --strict; else 0 (with --all, UNSUPPORTED alone does not fail unless --strict)."""
+    statuses = set(statuses)
+    if "MISMATCH" in statuses or (strict and "UNSUPPORTED" in statuses):
         return 1
-    if "ERROR" in statuses or (not args.all and "UNSUPPORTED" in statuses):
+    if "ERROR" in statuses or (not all_archs and "UNSUPPORTED" in statuses):
         return 2
     return 0
 

@@ -2,7 +2,9 @@
 """A stand-in for `gradflow analyze` (test fixture for compare.py only, NOT a gradflow implementation):
 writes random weights to --export-weights in the CONTRACT.md layout and a CONTRACT.md-shaped JSON whose
 figures come from the reference itself.  `--perturb FIG` scales one figure by (1 + 1e-6) so the
-comparison must fail."""
+comparison must fail.  FAKE_GRADFLOW_REJECT=ARCH[,ARCH...] makes it reject those archs with exit 2
+("does not apply"), as gradflow does for an option that does not fit a placement.  Constants are written
+in gradflow's form {"value": v, "formula": ..., "unit": ...}."""
 import argparse
 import json
 import os
@@ -32,16 +34,17 @@ def main():
     if arch not in R.ARCHS:
         print(f"gradflow: unknown arch '{a.arch}'", file=sys.stderr)
         return 2
+    if arch in (os.environ.get("FAKE_GRADFLOW_REJECT") or "").split(","):
+        print(f"gradflow: error: this option does not apply to {arch}", file=sys.stderr)
+        return 2
     B = a.depth
     S = 2 * B if a.block == "attn-ffn" else B
     t = T.make_tensors(B, a.width, a.seq, a.block, 1, a.seed)
-    consts = R.spec_constants(arch, B, S, a.mix_ratio if a.mix_ratio is not None else 0.25)
-    if a.alpha is not None and "alpha" in consts:
-        consts["alpha"] = a.alpha
+    consts = R.spec_constants(arch, B, S, a.mix_ratio if a.mix_ratio is not None else 0.25, a.alpha)
+    consts = {k: {"value": v, "formula": "(fake)", "unit": "-"} for k, v in consts.items()}
     cfg = {"arch": arch, "blocks": B, "sublayers": S, "width": a.width, "heads": a.heads, "seq": a.seq,
            "block": a.block, "norm": a.norm, "norm_eps": 1e-6, "init": a.init, "precision": a.precision,
-           "probes": 1, "seeds": [a.seed], "constants": consts, "keel_variant": a.keel_variant or "v2",
-           "mix_ratio": a.mix_ratio if a.mix_ratio is not None else 0.25}
+           "probes": 1, "seeds": [a.seed], "constants": consts, "keel_variant": a.keel_variant or "v2"}
     R.write_safetensors(a.export_weights, t, {"arch": arch, "seed": a.seed, "config": json.dumps(cfg)})
     res = R.run_reference(a.export_weights)
     if perturb:

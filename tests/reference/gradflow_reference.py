@@ -7,7 +7,7 @@ Written from /work/shared/spec/architectures.md, /work/shared/spec/metrics.md an
 
 Usage:
   /usr/bin/python3 gradflow_reference.py FILE.safetensors [-o OUT.json]
-      [--wrong-variant keel-alpha-on-branch] [--qk-norm rms|follow] [--lns-index sublayer|block]
+      [--wrong-variant keel-alpha-on-branch] [--qk-norm rms|follow] [--lns-index block|sublayer]
       [--constants config|spec]
 
 Input: a safetensors file as written by `gradflow analyze --export-weights` ([C] "Export").
@@ -179,8 +179,20 @@ FINAL_NORM = {"pre-ln", "mix-ln", "hybridnorm", "hybridnorm-star", "peri-ln", "o
               "layerscale", "depth-mup", "deepscalelm", "lns"}  # [A] "final norm" column = yes
 
 
-def spec_constants(arch, B, S, mix_ratio=0.25):
-    """Constants recomputed from architectures.md (with their unit)."""
+def spec_constants(arch, B, S, mix_ratio=0.25, alpha=None, lns_index="block"):
+    """Constants recomputed from architectures.md (with their unit) and the project decisions.
+    `alpha`: an explicit --alpha override (keel, deepnorm, rezero, depth-mup, ngpt); constants that
+    derive from it are recomputed.  Per-block constants (siamese-norm c, lns input scale) are given
+    at the last block b = B-1, the value gradflow's config reports."""
+    c = _spec_constants(arch, B, S, mix_ratio, lns_index)
+    if alpha is not None and "alpha" in c:
+        c["alpha"] = float(alpha)
+        if arch == "depth-mup":
+            c["branch_scale"] = c["alpha"] / math.sqrt(S)
+    return c
+
+
+def _spec_constants(arch, B, S, mix_ratio, lns_index):
     if arch == "deepnorm":
         # [A] decoder-only: a = (2B)^(1/4), b = (8B)^(-1/4) (blocks)
         return {"alpha": (2.0 * B) ** 0.25, "beta": (8.0 * B) ** -0.25}
@@ -198,35 +210,58 @@ def spec_constants(arch, B, S, mix_ratio=0.25):
         # [A] lambda = 0.1 if B <= 18, 1e-5 if B <= 24, else 1e-6
         return {"lambda": 0.1 if B <= 18 else (1e-5 if B <= 24 else 1e-6)}
     if arch == "depth-mup":
-        return {"alpha": 1.0, "scale": 1.0 / math.sqrt(S)}  # [A] (a / sqrt(S)), a = 1
+        return {"alpha": 1.0, "branch_scale": 1.0 / math.sqrt(S)}  # [A] (a / sqrt(S)), a = 1
     if arch == "deepscalelm":
         b2 = 2.0 / S  # [A] l^2 + b^2 = 1, b^2 = 2 / S
         return {"beta": math.sqrt(b2), "lambda": math.sqrt(1.0 - b2) if b2 <= 1 else float("nan")}
     if arch == "ngpt":
         return {"alpha": 0.05}  # [A] ngpt: a = 0.05
+    if arch == "siamese-norm":
+        return {"c": math.sqrt(2.0 * B)}  # [A] c = sqrt(2(b+1)), b 0-based block; value at b = B-1
+    if arch == "lns":
+        # decision 1: 1/sqrt(b+1), b the 0-based block (LNS authors' code); value at the last block
+        return {"input_scale": 1.0 / math.sqrt(B if lns_index == "block" else S)}
+    if arch == "admin":
+        return {"w_0": 1.0}  # [A] admin: w_0 = 1 (the rest is profiled)
     return {}
 
 
 # names under which the config may carry a constant (we accept several spellings)
 _CONST_KEYS = {
     "alpha": ["alpha", "a"], "beta": ["beta", "b"], "lambda": ["lambda", "l", "lam"],
-    "mix_ratio": ["mix_ratio", "r"], "post_ln_blocks": ["post_ln_blocks"], "scale": ["scale"],
+    "mix_ratio": ["mix_ratio", "r"], "post_ln_blocks": ["post_ln_blocks"],
+    "branch_scale": ["branch_scale", "scale"], "c": ["c"], "input_scale": ["input_scale"], "w_0": ["w_0"],
 }
 
 
-def resolve_constants(arch, cfg, B, S, mix_ratio, source="config"):
+def _num(val):
+    """A config number, also in gradflow's {"value": v, "formula": ..., "unit": ...} form (else None)."""
+    if isinstance(val, dict):
+        val = val.get("value")
+    if isinstance(val, bool):
+        return None
+    if isinstance(val, (int, float)):
+        return float(val)
+    if isinstance(val, str):
+        try:
+            return float(val)
+        except ValueError:
+            return None
+    return None
+
+
+def resolve_constants(arch, cfg, B, S, mix_ratio, source="config", alpha=None, lns_index="block"):
     """Spec constants, overridden by the config's `constants` when present (source='config').
     Returns (constants, notes) where notes list every config/spec disagreement."""
-    spec = spec_constants(arch, B, S, mix_ratio)
+    spec = spec_constants(arch, B, S, mix_ratio, alpha, lns_index)
     cc = dict(cfg.get("constants") or {})
     out, notes = dict(spec), []
     for name, sval in spec.items():
         for key in _CONST_KEYS.get(name, [name]):
-            val = cc.get(key)
-            if isinstance(val, dict):  # gradflow writes {"value": v, "formula": ..., "unit": ...}
-                val = val.get("value")
-            if isinstance(val, (int, float)) and not isinstance(val, bool):
-                cval = float(val)
+            if key not in cc:
+                continue
+            cval = _num(cc[key])  # gradflow writes {"value": v, "formula": ..., "unit": ...}
+            if cval is not None:
                 if not _close(cval, sval):
                     notes.append(f"{arch}: config constants.{key} = {cval!r} but spec gives {name} = {sval!r}")
                 if source == "config":
@@ -254,7 +289,7 @@ class Stack:
     presum = the (pre-norm) sum the update is added into ([C] branch_rms / stream_share)."""
 
     def __init__(self, arch, weights, heads, block="attn-ffn", norm="rms", constants=None,
-                 keel_variant="v2", mix_ratio=0.25, qk_norm="rms", lns_index="sublayer",
+                 keel_variant="v2", mix_ratio=0.25, qk_norm="rms", lns_index="block",
                  wrong_variant=None, branch="model", sublayers=None):
         arch = ALIASES.get(arch, arch)
         if arch not in ARCHS:
@@ -272,7 +307,8 @@ class Stack:
             raise ValueError("odd sublayer count for attn-ffn")
         self.B = self.S // per_block
         self.kinds = [self.kind(l) for l in range(self.S)]
-        self.c = dict(constants if constants is not None else spec_constants(arch, self.B, self.S, mix_ratio))
+        self.c = dict(constants if constants is not None
+                      else spec_constants(arch, self.B, self.S, mix_ratio, lns_index=lns_index))
         self.keel_variant, self.mix_ratio, self.lns_index = keel_variant, mix_ratio, lns_index
         self.wrong_variant = wrong_variant
         self.admin_w = None  # filled by forward() for admin
@@ -337,9 +373,12 @@ class Stack:
         if a == "siamese-norm":
             X, Y = state
             cb = math.sqrt(2.0 * (b + 1))  # [A] c = sqrt(2(b+1)), b = block index (0-based)
-            O = self.F(l, N(X + N(Y)), detach)  # [A] O = F(N_in(X + N_Y(Y)))
-            s = X + O / cb
-            return (N(s), Y + O), O / cb, s  # [A] X <- N_X(X + O / c); Y <- Y + O
+            # decision 2 (official code form): X' = N_X(X); O = F(N_in(X' + N_Y(Y)));
+            # X <- X' + O/c; Y <- Y + O.  update = O/c, sum = X' + O/c.
+            Xn = N(X)
+            O = self.F(l, N(Xn + N(Y)), detach)
+            s = Xn + O / cb
+            return (s, Y + O), O / cb, s
 
         if a == "span-norm":
             # [A] PROVISIONAL: h = N1(x + Attn(x)); x <- N2(x + FFN(h)) (the skip spans the block).
@@ -353,7 +392,7 @@ class Stack:
                 f = self.F(l, h, detach)
                 s = x + f
                 return (N(s),), f, s
-            # single-sublayer blocks: the block skip spans one sublayer -> N(x + F(x)) (our reading)
+            # single-sublayer blocks: decision 4, reduces to x <- N(x + F(x))
             (x,) = state
             f = self.F(l, x, detach)
             s = x + f
@@ -462,8 +501,10 @@ class Stack:
             return (unit(s),), u, s
 
         if a == "lns":
+            # decision 1: 1/sqrt(b+1), b = 0-based block (LNS code `1/math.sqrt(self.layer_index + 1)` for
+            # both norms of a block); --lns-index sublayer: the notation section's sublayer index l
             idx = l if self.lns_index == "sublayer" else b
-            f = self.F(l, N(x) / math.sqrt(idx + 1), detach)  # [A] x <- x + F(N(x) / sqrt(l+1))
+            f = self.F(l, N(x) / math.sqrt(idx + 1), detach)  # [A] x <- x + F(N(x) / sqrt(idx+1))
             s = x + f
             return (s,), f, s
 
@@ -487,7 +528,8 @@ class Stack:
                     self.admin_w.append(math.sqrt(w2))
                 state, u, s = self.sublayer(l, state)
                 if self.arch == "admin":
-                    # [A] w_{l+1}^2 = w_l^2 + Var[F_l]; Var over all entries of F_l (population variance)
+                    # [A] w_{l+1}^2 = w_l^2 + Var[F_l]; decision 5: population variance over all entries of F_l,
+                    # profiled in this pass on the seed's own input x0
                     w2 = w2 + float(u.var(unbiased=False))
                 states.append(state)
                 updates.append(u)
@@ -641,7 +683,7 @@ def _cfg_get(cfg, keys, default):
     return default
 
 
-def build_from_export(path, qk_norm="rms", lns_index="sublayer", wrong_variant=None, constants_source="config",
+def build_from_export(path, qk_norm="rms", lns_index="block", wrong_variant=None, constants_source="config",
                       overrides=None):
     """Build the reference stack for an export.  `overrides` (keys: block, norm, heads, keel_variant,
     mix_ratio, alpha) are what the caller asked gradflow for; they take precedence over the exported
@@ -669,15 +711,17 @@ def build_from_export(path, qk_norm="rms", lns_index="sublayer", wrong_variant=N
     heads = int(setting("heads", ["heads"], 1))
     norm = setting("norm", ["norm"], "rms")
     keel_variant = setting("keel_variant", ["keel_variant", "keel-variant"], "v2")
-    mix_ratio = float(setting("mix_ratio", ["mix_ratio", "mix-ratio"],
-                              (cfg.get("constants") or {}).get("mix_ratio", 0.25)))
+    mix_ratio = _num(setting("mix_ratio", ["mix_ratio", "mix-ratio"],
+                             (cfg.get("constants") or {}).get("mix_ratio", 0.25)))
+    if mix_ratio is None:
+        raise ValueError(f"{path}: unreadable mix_ratio in config")
     # consistency checks of the config against the tensors themselves
     for key, val in (("width", d), ("seq", T), ("sublayers", S), ("blocks", B)):
         if key in cfg and int(cfg[key]) != val:
             notes.append(f"config {key} = {cfg[key]} but tensors give {val}")
     if cfg.get("rezero_alpha") is not None and arch == "rezero":
         cfg.setdefault("constants", {}).setdefault("alpha", cfg["rezero_alpha"])
-    consts, cnotes = resolve_constants(arch, cfg, B, S, mix_ratio, constants_source)
+    consts, cnotes = resolve_constants(arch, cfg, B, S, mix_ratio, constants_source, ov.get("alpha"), lns_index)
     notes += cnotes
     if "alpha" in ov and "alpha" in consts:
         consts["alpha"] = float(ov["alpha"])  # explicit --alpha override (keel, deepnorm, rezero, depth-mup, ngpt)
@@ -718,7 +762,7 @@ def main(argv=None):
     p.add_argument("-o", "--output")
     p.add_argument("--wrong-variant", choices=["keel-alpha-on-branch"])
     p.add_argument("--qk-norm", choices=["rms", "follow"], default="rms")
-    p.add_argument("--lns-index", choices=["sublayer", "block"], default="sublayer")
+    p.add_argument("--lns-index", choices=["sublayer", "block"], default="block")
     p.add_argument("--constants", choices=["config", "spec"], default="config")
     a = p.parse_args(argv)
     try:

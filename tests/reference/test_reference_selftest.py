@@ -424,6 +424,105 @@ def compare_against_fake_binary():
 
 
 @test
+def siamese_code_form():
+    """Decision 2 (official code form): X' = N_X(X); O = F(N_in(X' + N_Y(Y))); X <- X' + O/c; Y <- Y + O;
+    c = sqrt(2(b+1)), b = 0-based block; update O/c, sum X' + O/c; output N_f(N_a(X) + N_b(Y))."""
+    stack, x0, probes, _ = stack_for("siamese-norm")
+    N = R.rms_norm
+    g = torch.Generator().manual_seed(7)
+    X, Y = torch.randn(x0.shape, generator=g), torch.randn(x0.shape, generator=g)
+    for l in range(stack.S):
+        c = math.sqrt(2.0 * (l // 2 + 1))
+        Xn = N(X)
+        h = N(Xn + N(Y))
+        O = R.attention(h, stack.W[l], 2) if l % 2 == 0 else R.ffn(h, stack.W[l])
+        (X2, Y2), u, s = stack.sublayer(l, (X, Y))
+        assert torch.allclose(X2, Xn + O / c, atol=1e-14, rtol=0) and torch.allclose(Y2, Y + O, atol=1e-14, rtol=0)
+        assert torch.allclose(u, O / c, atol=1e-15, rtol=0) and torch.allclose(s, Xn + O / c, atol=1e-14, rtol=0)
+    assert torch.allclose(stack.output((X, Y)), N(N(X) + N(Y)))
+    assert R.spec_constants("siamese-norm", 3, 6) == {"c": math.sqrt(6.0)}  # value at b = B-1
+    # siamese with one-sublayer blocks: b = sublayer index
+    stack, x0, probes, _ = stack_for("siamese-norm", block="ffn")
+    (X2, Y2), u, s = stack.sublayer(2, (x0, x0))
+    O = R.ffn(R.rms_norm(R.rms_norm(x0) + R.rms_norm(x0)), stack.W[2])
+    assert torch.allclose(u, O / math.sqrt(6.0), atol=1e-15, rtol=0)
+
+
+@test
+def lns_block_index_default():
+    """Decision 1: N(x)/sqrt(b+1), b = 0-based BLOCK (both sublayers of a block share it); --lns-index sublayer."""
+    for lns_index, idx in (("block", lambda l: l // 2), ("sublayer", lambda l: l)):
+        path = make_export("lns", name=f"lns_{lns_index}.safetensors")
+        kw = {} if lns_index == "block" else {"lns_index": "sublayer"}
+        stack, x0, probes, cfg, consts, notes = R.build_from_export(path, **kw)
+        assert stack.lns_index == lns_index
+        for l in range(stack.S):
+            h = R.rms_norm(x0) / math.sqrt(idx(l) + 1)
+            f = R.attention(h, stack.W[l], 2) if l % 2 == 0 else R.ffn(h, stack.W[l])
+            (y,), u, s = stack.sublayer(l, (x0,))
+            assert torch.allclose(y, x0 + f, atol=1e-14, rtol=0), (lns_index, l)
+    assert R.Stack("lns", [{}] * 4, 1, branch="rotation", sublayers=4).lns_index == "block"
+    assert R.spec_constants("lns", 3, 6)["input_scale"] == 1 / math.sqrt(3)
+    assert R.spec_constants("lns", 3, 6, lns_index="sublayer")["input_scale"] == 1 / math.sqrt(6)
+
+
+@test
+def span_norm_single_sublayer_blocks_are_post_ln():
+    """Decision 4: span-norm with --block ffn|attn reduces to x <- N(x + F(x))."""
+    for block in ("ffn", "attn"):
+        for norm in ("rms", "layer"):
+            a = R.run_reference(make_export("span-norm", block=block, norm=norm, name=f"sp_{block}_{norm}.st"))
+            b = R.run_reference(make_export("post-ln", block=block, norm=norm, name=f"pl_{block}_{norm}.st"))
+            for part in ("states", "sublayers"):
+                for key in ("rms", "log10_grad", "gain", "skip_gain", "branch_gain", "branch_rms", "stream_share"):
+                    if key in a[part]:
+                        assert a[part][key] == b[part][key], (block, norm, key)
+            assert list(a["states"]["streams"]) == ["x"]
+
+
+@test
+def gradflow_config_objects():
+    """gradflow's resolved config: every constant is {"value", "formula", "unit"} (mix_ratio too)."""
+    o = lambda v, unit="-": {"value": v, "formula": "f", "unit": unit}
+    cases = {
+        "mix-ln": {"mix_ratio": o(0.25, "fraction of blocks"), "post_ln_blocks": o(1.0, "blocks")},
+        "siamese-norm": {"c": o(math.sqrt(8.0), "blocks")},
+        "lns": {"input_scale": o(0.5, "blocks")},
+        "admin": {"w_0": o(1.0, "sublayers")},
+        "depth-mup": {"branch_scale": o(1 / math.sqrt(8.0), "sublayers")},
+        "deepnorm": {"alpha": o(8 ** 0.25, "blocks"), "beta": o(32 ** -0.25, "blocks")},
+    }
+    for arch, cc in cases.items():
+        path = make_export(arch, B=4, constants=cc, name=f"obj_{arch}.safetensors")
+        stack, x0, probes, cfg, consts, notes = R.build_from_export(path, constants_source="spec")
+        assert notes == [], (arch, notes)
+        R.analyze(stack, x0, probes)
+    assert R.build_from_export(make_export("mix-ln", B=4, constants=cases["mix-ln"], name="mx.st"))[0].mix_ratio == 0.25
+    # a differing value is reported
+    path = make_export("siamese-norm", B=4, constants={"c": o(2.0)}, name="obj_bad_c.safetensors")
+    notes = R.build_from_export(path, constants_source="spec")[5]
+    assert any("constants.c" in n for n in notes), notes
+    # an --alpha override recomputes derived constants (depth-mup a / sqrt(S))
+    assert R.spec_constants("depth-mup", 4, 8, alpha=2.0)["branch_scale"] == 2.0 / math.sqrt(8.0)
+
+
+@test
+def strict_exit_codes():
+    import compare as C
+    assert C.exit_code(["OK", "UNSUPPORTED"], True, False) == 0
+    assert C.exit_code(["OK", "UNSUPPORTED"], True, True) == 1
+    assert C.exit_code(["OK", "MISMATCH", "UNSUPPORTED"], True, False) == 1
+    assert C.exit_code(["OK", "ERROR"], True, True) == 2
+    assert C.exit_code(["UNSUPPORTED"], False, False) == 2
+    assert C.exit_code(["UNSUPPORTED"], False, True) == 1
+    assert C.exit_code(["OK"], True, True) == 0
+    r = _compare("--arch", "plain", env={"FAKE_GRADFLOW_REJECT": "plain"})
+    assert r.returncode == 2 and "UNSUPPORTED" in r.stdout, r.stdout + r.stderr
+    r = _compare("--arch", "plain", "--strict", env={"FAKE_GRADFLOW_REJECT": "plain"})
+    assert r.returncode == 1 and "UNSUPPORTED" in r.stdout, r.stdout + r.stderr
+
+
+@test
 def ideal_rotation_branch():
     x = torch.randn(5, 16, generator=torch.Generator().manual_seed(5))
     y = R.rotate_pairs(x)

@@ -1,5 +1,7 @@
 // Test helpers: seeded random matrices and central-difference checks of backward functions.
 #pragma once
+#include <doctest/doctest.h>
+
 #include <functional>
 #include <random>
 
@@ -41,7 +43,9 @@ inline double backward_relative_error(const MatD& x, const std::function<MatD(co
       }
     }
   }
-  return (numeric - analytic).norm() / analytic.norm();
+  const double error = (numeric - analytic).norm() / analytic.norm();
+  MESSAGE("op backward vs central differences, relative error ", error);
+  return error;
 }
 
 // The acceptance bound of issue 2: float64 backward against central differences.
