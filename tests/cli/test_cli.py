@@ -172,5 +172,30 @@ def export_weights_writes_safetensors():
         assert header["__metadata__"]["arch"] == "keel"
 
 
+@test
+def table_fits_in_120_columns_one_row_per_placement():
+    archs = json.loads(run("archs", "--format", "json", "--depth", "4").stdout)["architectures"]
+    out = run("analyze", "--arch", "all", "--depth", "4", "--width", "16", "--heads", "2", "--seq", "4",
+              "--format", "table").stdout
+    lines = out.splitlines()
+    assert "\033" not in out, "colour in piped output"
+    too_wide = [line for line in lines if len(line) > 120]
+    assert not too_wide, f"lines over 120 columns: {too_wide}"
+    rows = [line.split()[0] for line in lines[2:2 + len(archs)]]
+    assert rows == [a["id"] for a in archs], f"table rows {rows}"
+    assert lines[1].split()[:3] == ["arch", "S", "log10"], lines[1]
+
+
+@test
+def markdown_is_a_table_with_one_row_per_placement():
+    out = run("analyze", "--arch", "pre-ln,keel", "--depth", "4", "--width", "16", "--heads", "2", "--seq", "4",
+              "--seeds", "2", "--format", "markdown", "-q").stdout
+    rows = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(rows) == 4, rows
+    assert rows[1].startswith("| --- | ---: |"), rows[1]
+    assert rows[2].startswith("| pre-ln | 8 | ") and rows[3].startswith("| keel | 8 | "), rows
+    assert all(row.count("|") == rows[0].count("|") for row in rows), rows
+
+
 print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
 sys.exit(1 if RESULTS["failed"] else 0)
