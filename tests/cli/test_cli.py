@@ -186,6 +186,41 @@ def table_fits_in_120_columns_one_row_per_placement():
     assert lines[1].split()[:3] == ["arch", "S", "log10"], lines[1]
 
 
+def run_on_terminal_stdout(*args):
+    """gradflow with stdout (and stderr) on a pseudo-terminal: what a person sees."""
+    import pty
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([BINARY, *args], stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO once the child has exited and closed the pty
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    proc.wait()
+    os.close(controller)
+    assert proc.returncode == 0, f"gradflow {' '.join(args)} exited {proc.returncode}"
+    return b"".join(chunks).decode()
+
+
+@test
+def table_is_coloured_only_on_a_terminal():
+    args = ["analyze", "--arch", "post-ln,keel", "--depth", "2", "--width", "16", "--heads", "2", "--seq", "4",
+            "--format", "table"]
+    on_terminal = run_on_terminal_stdout(*args)
+    assert "\033[1march\033[0m" in on_terminal, f"no bold header on a terminal: {on_terminal[:300]!r}"
+    piped = run(*args).stdout
+    assert "\033" not in piped, "colour in piped output"
+    with tempfile.TemporaryDirectory() as directory:
+        target = os.path.join(directory, "table.txt")
+        run_on_terminal_stdout(*args, "-o", target)
+        assert "\033" not in open(target).read(), "colour in a file written with -o"
+
+
 @test
 def markdown_is_a_table_with_one_row_per_placement():
     out = run("analyze", "--arch", "pre-ln,keel", "--depth", "4", "--width", "16", "--heads", "2", "--seq", "4",
