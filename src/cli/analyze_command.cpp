@@ -1,4 +1,4 @@
-// `gradflow analyze`: build the stacks, measure them, write JSON or CSV.
+// `gradflow analyze`: build the stacks, measure them, write JSON, CSV or a summary table.
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -91,8 +91,8 @@ int run_analyze(AnalyzeOptions options) {
         "{:.1f} GB available; reduce --depth, --width or --seq, use --precision f32, or --threads 1",
         needed / 1e9, model.blocks, model.width, model.seq, to_string(model.precision), concurrent, available / 1e9));
   }
-  if (options.format != "json" && options.format != "csv") {
-    throw InputError(fmt::format("--format {:?} is not json or csv", options.format));
+  if (options.format != "json" && options.format != "csv" && options.format != "table" && options.format != "markdown") {
+    throw InputError(fmt::format("--format {:?} is not json, csv, table or markdown", options.format));
   }
   AtomicOutput output(options.output);  // fails now, before any work, if the path is not writable
 
@@ -135,6 +135,7 @@ int run_analyze(AnalyzeOptions options) {
         analyze_seed(result.config, *result.arch, result.constants, seeds[job_list[j].seed], on_progress);
   }
   report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  progress.finish();  // clear the bar before warnings and output share the terminal
 
   for (const ArchResult& result : report.results) {
     for (const SeedResult& seed : result.seeds) {
@@ -160,6 +161,10 @@ int run_analyze(AnalyzeOptions options) {
   }
   if (options.format == "csv") {
     write_csv(report, output.stream());
+  } else if (options.format == "table") {
+    write_table(report, output.stream(), (options.output.empty() || options.output == "-") && stdout_is_terminal());
+  } else if (options.format == "markdown") {
+    write_markdown(report, output.stream());
   } else {
     write_json(report, output.stream());
   }
@@ -200,7 +205,9 @@ Command setup_analyze(CLI::App& app) {
   sub->add_option("--threads", options->threads, "Worker threads; results are identical for every count")->default_str("all cores");
   sub->add_flag("--ideal-branch", options->ideal_branch,
                 "Replace every branch F by a 90-degree rotation within coordinate pairs (the closed forms' idealised branch)");
-  sub->add_option("--format", options->format, "Output format: json or csv")->check(CLI::IsMember({"json", "csv"}));
+  sub->add_option("--format", options->format,
+                  "Output format: json, csv, table (a summary for the terminal) or markdown (the same as a Markdown table)")
+      ->check(CLI::IsMember({"json", "csv", "table", "markdown"}));
   sub->add_option("-o,--output", options->output, "Write to FILE (whole or not at all) instead of stdout")->default_str("stdout");
   sub->add_option("--export-weights", options->export_weights,
                   "Also write input, probes and every weight to a .safetensors file (one per arch and seed)")

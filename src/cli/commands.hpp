@@ -1,6 +1,7 @@
 // Subcommands (one file each, CLI11's subcom_in_files pattern) and the helpers they share.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -36,19 +37,24 @@ class AtomicOutput {
 // Bytes of memory this machine can give a new process (MemAvailable), 0 if unknown.
 std::uint64_t available_memory_bytes();
 
-// A one-line progress bar on stderr, shown only when stderr is a terminal and not --quiet.
+// A one-line progress bar on stderr, shown only when stderr is a terminal and not --quiet, and
+// only once the run has taken longer than kDelay: short runs never flash a bar.
 class ProgressBar {
  public:
+  static constexpr std::chrono::milliseconds kDelay{1000};
   ProgressBar(bool enabled, std::string label);
   ~ProgressBar();
   void update(long long done, long long total);
   void set_label(std::string label);
+  void finish();  // erase the bar (if drawn) and draw no more
 
  private:
   bool enabled_;
   std::string label_;
+  std::chrono::steady_clock::time_point start_;
   int last_permille_ = -1;
 };
 bool stderr_is_terminal();
+bool stdout_is_terminal();
 
 }  // namespace gradflow::cli

@@ -61,17 +61,26 @@ std::uint64_t available_memory_bytes() {
 }
 
 bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
+bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }
 
-ProgressBar::ProgressBar(bool enabled, std::string label) : enabled_(enabled), label_(std::move(label)) {}
+ProgressBar::ProgressBar(bool enabled, std::string label)
+    : enabled_(enabled), label_(std::move(label)), start_(std::chrono::steady_clock::now()) {}
 
-ProgressBar::~ProgressBar() {
-  if (enabled_ && last_permille_ >= 0) fmt::print(stderr, "\r\033[2K");
+ProgressBar::~ProgressBar() { finish(); }
+
+void ProgressBar::finish() {
+  if (enabled_ && last_permille_ >= 0) {
+    fmt::print(stderr, "\r\033[2K");
+    std::fflush(stderr);
+  }
+  enabled_ = false;
 }
 
 void ProgressBar::set_label(std::string label) { label_ = std::move(label); }
 
 void ProgressBar::update(long long done, long long total) {
   if (!enabled_ || total <= 0) return;
+  if (last_permille_ < 0 && std::chrono::steady_clock::now() - start_ < kDelay) return;
   const int permille = static_cast<int>(1000 * done / total);
   if (permille == last_permille_) return;
   last_permille_ = permille;

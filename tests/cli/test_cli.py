@@ -172,5 +172,65 @@ def export_weights_writes_safetensors():
         assert header["__metadata__"]["arch"] == "keel"
 
 
+@test
+def table_fits_in_120_columns_one_row_per_placement():
+    archs = json.loads(run("archs", "--format", "json", "--depth", "4").stdout)["architectures"]
+    out = run("analyze", "--arch", "all", "--depth", "4", "--width", "16", "--heads", "2", "--seq", "4",
+              "--format", "table").stdout
+    lines = out.splitlines()
+    assert "\033" not in out, "colour in piped output"
+    too_wide = [line for line in lines if len(line) > 120]
+    assert not too_wide, f"lines over 120 columns: {too_wide}"
+    rows = [line.split()[0] for line in lines[2:2 + len(archs)]]
+    assert rows == [a["id"] for a in archs], f"table rows {rows}"
+    assert lines[1].split()[:3] == ["arch", "S", "log10"], lines[1]
+
+
+def run_on_terminal_stdout(*args):
+    """gradflow with stdout (and stderr) on a pseudo-terminal: what a person sees."""
+    import pty
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([BINARY, *args], stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO once the child has exited and closed the pty
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    proc.wait()
+    os.close(controller)
+    assert proc.returncode == 0, f"gradflow {' '.join(args)} exited {proc.returncode}"
+    return b"".join(chunks).decode()
+
+
+@test
+def table_is_coloured_only_on_a_terminal():
+    args = ["analyze", "--arch", "post-ln,keel", "--depth", "2", "--width", "16", "--heads", "2", "--seq", "4",
+            "--format", "table"]
+    on_terminal = run_on_terminal_stdout(*args)
+    assert "\033[1march\033[0m" in on_terminal, f"no bold header on a terminal: {on_terminal[:300]!r}"
+    piped = run(*args).stdout
+    assert "\033" not in piped, "colour in piped output"
+    with tempfile.TemporaryDirectory() as directory:
+        target = os.path.join(directory, "table.txt")
+        run_on_terminal_stdout(*args, "-o", target)
+        assert "\033" not in open(target).read(), "colour in a file written with -o"
+
+
+@test
+def markdown_is_a_table_with_one_row_per_placement():
+    out = run("analyze", "--arch", "pre-ln,keel", "--depth", "4", "--width", "16", "--heads", "2", "--seq", "4",
+              "--seeds", "2", "--format", "markdown", "-q").stdout
+    rows = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(rows) == 4, rows
+    assert rows[1].startswith("| --- | ---: |"), rows[1]
+    assert rows[2].startswith("| pre-ln | 8 | ") and rows[3].startswith("| keel | 8 | "), rows
+    assert all(row.count("|") == rows[0].count("|") for row in rows), rows
+
+
 print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
 sys.exit(1 if RESULTS["failed"] else 0)

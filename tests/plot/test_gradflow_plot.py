@@ -485,23 +485,46 @@ def make_binary_tests(binary, out):
         run_binary(["--format", "csv"], csv_path)
         check_contract_csv(csv_path)
 
+    def expected_figures(src):
+        """The figure types gradflow's real output supports: angles only when it carries the matrix."""
+        kinds = {"grad", "growth", "shares"}
+        if src.suffix == ".json":
+            doc = json.loads(src.read_text())
+            if any("angles_matrix" in sj for run in doc["runs"] for sj in run["seeds"]):
+                kinds.add("angles")
+        return kinds
+
     def binary_figures():
         for src in (json_path, csv_path):
             assert src.exists(), f"{src} missing (its binary run failed)"
             d = out / f"real_{src.suffix[1:]}"
             r = plot_ok("all", src, "--outdir", d)
             names = sorted(p.name for p in d.iterdir())
-            for kind in ("grad", "growth", "shares"):
-                assert f"{kind}.png" in names, f"all from {src.name} did not write {kind}.png: {r.stderr.strip()}"
+            expected = sorted(f"{kind}.png" for kind in expected_figures(src))
+            assert names == expected, f"all from {src.name} wrote {names}, expected {expected}: {r.stderr.strip()}"
             for name in names:
                 stats = check_png(d / name)
                 print(f"  {d.name}/{name}: {png_size(d / name)[0]}x{png_size(d / name)[1]}, "
                       f"non-background {stats[1]:.3f}, coloured {stats[2]:.3f}")
 
+    def binary_sweep():
+        """Two depths of real CSV output concatenated (the CSV is self-describing) give the sweep figure."""
+        assert csv_path.exists(), f"{csv_path} missing (its binary run failed)"
+        shallow = out / "real_depth4.csv"
+        r = subprocess.run([binary, "analyze", "--arch", ",".join(ARCHS), "--depth", "4", "--seeds", str(len(SEEDS)),
+                            "--format", "csv", "-o", str(shallow)], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"depth 4 run exited {r.returncode}: {r.stderr.strip()[-500:]}"
+        combined = out / "real_depths.csv"
+        combined.write_text(csv_path.read_text() + "".join(shallow.read_text().splitlines(keepends=True)[1:]))
+        plot_ok("sweep", combined, "-o", out / "real_sweep.png")
+        stats = check_png(out / "real_sweep.png")
+        print(f"  real_sweep.png: non-background {stats[1]:.3f}, coloured {stats[2]:.3f}")
+
     binary_json.__name__ = "binary_json_matches_contract"
     binary_csv.__name__ = "binary_csv_matches_contract"
     binary_figures.__name__ = "binary_figures"
-    return [binary_json, binary_csv, binary_figures]
+    binary_sweep.__name__ = "binary_sweep_from_two_depths"
+    return [binary_json, binary_csv, binary_figures, binary_sweep]
 
 
 # ---------------------------------------------------------------------------------------------
