@@ -90,6 +90,20 @@ void validate(const ModelConfig& config) {
   if (config.mix_ratio < 0.0 || config.mix_ratio > 1.0) {
     throw InputError(fmt::format("--mix-ratio {} must lie in [0, 1]; try --mix-ratio 0.25", config.mix_ratio));
   }
+  if (config.angles_all && config.sublayers() > kAnglesMaxSublayers) {
+    throw InputError(fmt::format("--angles all needs O(S^2 T d) work and is limited to {} sublayers, not {}; reduce --depth",
+                                 kAnglesMaxSublayers, config.sublayers()));
+  }
+  if (config.spectrum < 0 || config.spectrum > kSpectrumMaxColumns) {
+    throw InputError(fmt::format("--spectrum {} must lie in [0, {}]; try --spectrum 4", config.spectrum,
+                                 kSpectrumMaxColumns));
+  }
+  if (config.exact_jacobian && static_cast<long long>(config.seq) * config.width > kExactJacobianMaxEntries) {
+    throw InputError(fmt::format(
+        "--exact-jacobian takes one backward pass per output coordinate and is limited to seq * width <= {}, "
+        "not {} * {} = {}; try --seq 8 --width 16",
+        kExactJacobianMaxEntries, config.seq, config.width, static_cast<long long>(config.seq) * config.width));
+  }
   if (config.branch == BranchKind::rotation && config.width % 2 != 0) {
     throw InputError(fmt::format("--ideal-branch rotation needs an even --width, not {}; try --width {}", config.width,
                                  config.width + 1));

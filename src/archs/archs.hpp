@@ -7,4 +7,5 @@ Architecture post_ln();
 Architecture pre_ln();
 Architecture deepnorm();
 Architecture keel();
+Architecture plain();
 }  // namespace gradflow::archs

@@ -16,6 +16,7 @@ const std::vector<Architecture>& architectures() {
       archs::pre_ln(),
       archs::deepnorm(),
       archs::keel(),
+      archs::plain(),
   };
   return table;
 }
