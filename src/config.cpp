@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "gradflow/errors.hpp"
 
 namespace gradflow {
@@ -112,7 +114,12 @@ void validate(const ModelConfig& config) {
 
 std::uint64_t estimated_memory_bytes(const ModelConfig& config, int stream_count) {
   const std::uint64_t scalar = config.precision == Precision::f32 ? 4 : 8;
-  const std::uint64_t d = config.width, t = config.seq, k = config.probes;
+  const std::uint64_t d = config.width, t = config.seq;
+  // Columns carried through a sublayer at once: the probes, --spectrum's 2k block, or one per
+  // output coordinate for --exact-jacobian (plus its dense (n, T d) copy for the SVD).
+  std::uint64_t k = config.probes;
+  if (config.spectrum > 0) k = std::max<std::uint64_t>(k, 2ull * config.spectrum);
+  if (config.exact_jacobian) k = std::max<std::uint64_t>(k, 2 * t * d);
   const std::uint64_t states = static_cast<std::uint64_t>(config.sublayers() + 1) * stream_count * t * d;
   const std::uint64_t weights = 2 * 4 * d * d + 2 * d * kFfnMultiple * d;     // forward and backward copies
   const std::uint64_t working = 24 * k * t * d + 4 * k * t * kFfnMultiple * d  // sublayer values and cotangents
