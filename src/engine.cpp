@@ -105,7 +105,8 @@ double mean_token_cosine(const Eigen::MatrixXd& unit) {
 }
 
 // Effective rank exp(H(p)), p_i = s_i / sum s over the singular values s of x (Roy & Vetterli
-// 2007, "The effective rank", Eq. 1); the s_i come from the eigenvalues of the Gram matrix.
+// 2007, "The effective rank: a measure of effective dimensionality"); the s_i come from the
+// eigenvalues of the smaller Gram matrix.
 double effective_rank(const Eigen::MatrixXd& rows) {
   const Eigen::MatrixXd gram = rows.rows() <= rows.cols() ? Eigen::MatrixXd(rows * rows.transpose())
                                                           : Eigen::MatrixXd(rows.transpose() * rows);
@@ -257,6 +258,7 @@ class Analysis {
                              "log10_param_grad"}) {
       result_.sublayers.add(name, subs);
     }
+    log_contribution_.assign(static_cast<std::size_t>(sublayers_) * config_.probes, kNaN);  // NaN: not reached
     for (const auto name : arch_.streams) {
       StreamFigures stream{std::string(name), {}, {}};
       stream.states.add("rms", states);
@@ -324,8 +326,9 @@ class Analysis {
     return true;
   }
 
-  // angle and block influence of sublayer l, over the streams both states have (Gromov et al.
-  // 2024, arXiv 2403.17887, Eq. 7; Men et al. 2024, arXiv 2403.03853, Eq. 2).
+  // angle and block influence of sublayer l, over the streams both states have: angular distance
+  // as in Gromov et al. 2024 (arXiv 2403.17887), block influence as in ShortGPT (Men et al. 2024,
+  // arXiv 2403.03853).
   void record_angle(int l) {
     const std::size_t streams = std::min(states_[l].size(), states_[l + 1].size());
     const Eigen::MatrixXd before = unit_rows(token_rows(states_[l], streams));
@@ -598,11 +601,12 @@ class Analysis {
   }
 
   // --spectrum k: top-k singular values of J_{l->out} at every state by subspace iteration on
-  // J^T J (block power method with Rayleigh-Ritz; Golub & Van Loan, Matrix Computations, 4th ed.,
-  // Sec. 8.2.4). Each iteration is one forward sweep J V (QR at every state, logs of R accumulated)
-  // and one backward sweep orth(J^T U); the Ritz values are the singular values of R_total. With
-  // P = 2k columns the error falls like (s_{P+1} / s_i)^(2 * iterations); states are processed
-  // from the top down, each warm-started from the previous state's converged output subspace.
+  // J^T J (orthogonal iteration with Rayleigh-Ritz; Golub & Van Loan, Matrix Computations, Sec. 8.2).
+  // Each iteration is one forward sweep J V (QR at every state, logs of R accumulated) and one
+  // backward sweep orth(J^T U); the Ritz values are the singular values of R_total. A single
+  // backward sweep from a random start would give only lower bounds. With P = 2k columns the error
+  // falls like (s_{P+1} / s_i)^(2 * iterations); states are processed from the top down, each
+  // warm-started from the previous state's top-k output directions plus fresh random columns.
   // Cost: O(S^2 * iterations * P) sublayer evaluations, against O(S) for the probes.
   void spectrum() {
     const int wanted = config_.spectrum;
@@ -653,7 +657,6 @@ class Analysis {
     const auto& update = executor_.value(graph_.update_id());
     const auto& d_update = executor_.cotangent(graph_.update_id());
     const Eigen::MatrixXd update_d = update.template cast<double>();
-    log_contribution_.resize(static_cast<std::size_t>(sublayers_) * probes);
     for (int k = 0; k < probes; ++k) {
       // The cotangent is probe k's dL/d update divided by exp(log_scale_[k]): keep the log.
       const double dot =

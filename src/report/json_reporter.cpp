@@ -209,6 +209,7 @@ json architecture_to_json(const Architecture& arch, const ModelConfig& config) {
               {"citation", std::string(arch.citation)},
               {"provisional", arch.provisional},
               {"streams", streams},
+              {"additive_stream", arch.additive_stream},
               {"expected_growth_class", std::string(arch.expected_growth)}};
   if (arch.provisional) out["provisional_note"] = std::string(arch.provisional_note);
   return out;
