@@ -109,9 +109,10 @@ json aggregate_columns(const std::vector<SeedResult>& seeds, const FigureColumns
 }
 
 json aggregate_to_json(const std::vector<SeedResult>& seeds) {
-  std::vector<double> ratio, exponent, gain_min, gain_max, effective_depth;
+  std::vector<double> ratio, exponent, gain_min, gain_max, effective_depth, input_share;
   for (const auto& seed : seeds) {
     effective_depth.push_back(seed.effective_depth);
+    input_share.push_back(seed.stream_decomposition_input);
     ratio.push_back(seed.log10_grad_ratio);
     exponent.push_back(seed.growth.exponent);
     gain_min.push_back(seed.gain_min.value);
@@ -127,7 +128,8 @@ json aggregate_to_json(const std::vector<SeedResult>& seeds) {
             {"growth_class", growth_class(spread(exponent).mean)},
             {"gain_min", spread_to_json(gain_min)},
             {"gain_max", spread_to_json(gain_max)},
-            {"effective_depth", spread_to_json(effective_depth)}}}};
+            {"effective_depth", spread_to_json(effective_depth)},
+            {"stream_decomposition_input", spread_to_json(input_share)}}}};
 }
 }  // namespace
 
