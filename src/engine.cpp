@@ -242,7 +242,7 @@ class Analysis {
 
   void allocate_figures() {
     const std::size_t states = sublayers_ + 1, subs = sublayers_;
-    for (const char* name : {"rms", "log10_grad", "log10_grad_se", "log10_grad_rel", "token_cos", "erank"}) {
+    for (const char* name : {"rms", "log10_grad", "log10_grad_rel", "log10_grad_se", "token_cos", "erank"}) {
       result_.states.add(name, states);
     }
     for (int i = 1; i <= config_.spectrum; ++i) result_.states.add(fmt::format("log10_singular_value_{}", i), states);

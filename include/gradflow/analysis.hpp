@@ -48,7 +48,7 @@ struct Divergence {
 
 struct SeedResult {
   std::uint64_t seed = 0;
-  // index 0..S: rms, log10_grad, log10_grad_se, log10_grad_rel, token_cos, erank (+ --spectrum and
+  // index 0..S: rms, log10_grad, log10_grad_rel, log10_grad_se, token_cos, erank (+ --spectrum and
   // --exact-jacobian columns)
   FigureColumns states;
   // index 0..S-1: gain, skip_gain, branch_gain, skip_gain_theory, branch_rms, stream_share,
