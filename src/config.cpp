@@ -4,6 +4,8 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "gradflow/errors.hpp"
 
 namespace gradflow {
@@ -94,6 +96,20 @@ void validate(const ModelConfig& config) {
   if (config.rezero_alpha && !std::isfinite(*config.rezero_alpha)) {
     throw InputError(fmt::format("--rezero-alpha {} must be finite; omit it for rezero's a = 0 at init", *config.rezero_alpha));
   }
+  if (config.angles_all && config.sublayers() > kAnglesMaxSublayers) {
+    throw InputError(fmt::format("--angles all needs O(S^2 T d) work and is limited to {} sublayers, not {}; reduce --depth",
+                                 kAnglesMaxSublayers, config.sublayers()));
+  }
+  if (config.spectrum < 0 || config.spectrum > kSpectrumMaxColumns) {
+    throw InputError(fmt::format("--spectrum {} must lie in [0, {}]; try --spectrum 4", config.spectrum,
+                                 kSpectrumMaxColumns));
+  }
+  if (config.exact_jacobian && static_cast<long long>(config.seq) * config.width > kExactJacobianMaxEntries) {
+    throw InputError(fmt::format(
+        "--exact-jacobian takes one backward pass per output coordinate and is limited to seq * width <= {}, "
+        "not {} * {} = {}; try --seq 8 --width 16",
+        kExactJacobianMaxEntries, config.seq, config.width, static_cast<long long>(config.seq) * config.width));
+  }
   if (config.branch == BranchKind::rotation && config.width % 2 != 0) {
     throw InputError(fmt::format("--ideal-branch rotation needs an even --width, not {}; try --width {}", config.width,
                                  config.width + 1));
@@ -102,7 +118,12 @@ void validate(const ModelConfig& config) {
 
 std::uint64_t estimated_memory_bytes(const ModelConfig& config, int stream_count) {
   const std::uint64_t scalar = config.precision == Precision::f32 ? 4 : 8;
-  const std::uint64_t d = config.width, t = config.seq, k = config.probes;
+  const std::uint64_t d = config.width, t = config.seq;
+  // Columns carried through a sublayer at once: the probes, --spectrum's 2k block, or one per
+  // output coordinate for --exact-jacobian (plus its dense (n, T d) copy for the SVD).
+  std::uint64_t k = config.probes;
+  if (config.spectrum > 0) k = std::max<std::uint64_t>(k, 2ull * config.spectrum);
+  if (config.exact_jacobian) k = std::max<std::uint64_t>(k, 2 * t * d);
   const std::uint64_t states = static_cast<std::uint64_t>(config.sublayers() + 1) * stream_count * t * d;
   const std::uint64_t weights = 2 * 4 * d * d + 2 * d * kFfnMultiple * d;     // forward and backward copies
   const std::uint64_t working = 24 * k * t * d + 4 * k * t * kFfnMultiple * d  // sublayer values and cotangents

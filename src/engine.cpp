@@ -9,9 +9,14 @@
 #include <limits>
 #include <condition_variable>
 #include <mutex>
+#include <numbers>
 #include <numeric>
 #include <omp.h>
 #include <thread>
+
+#include <Eigen/Eigenvalues>
+#include <Eigen/QR>
+#include <Eigen/SVD>
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/graph.hpp"
@@ -22,6 +27,11 @@ namespace gradflow {
 namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kLn10 = 2.302585092994046;
+// --spectrum's subspace iteration stops when the top-k log singular values move less than this
+// between iterations (float32 arithmetic cannot resolve 1e-11), or after kSpectrumMaxIterations.
+constexpr double kSpectrumToleranceF64 = 1e-11;
+constexpr double kSpectrumToleranceF32 = 1e-5;
+constexpr int kSpectrumMaxIterations = 200;
 
 template <typename Scalar>
 using State = std::vector<Mat<Scalar>>;  // one (T, d) matrix per stream
@@ -63,6 +73,58 @@ double log_rms(const std::vector<double>& log_values) {
   return top + 0.5 * std::log(sum / static_cast<double>(log_values.size()));
 }
 
+// The tokens of a state as rows, streams concatenated per token: (T, streams * d), in double.
+template <typename Scalar>
+Eigen::MatrixXd token_rows(const State<Scalar>& state, std::size_t streams) {
+  const Eigen::Index tokens = state.front().rows(), width = state.front().cols();
+  Eigen::MatrixXd rows(tokens, static_cast<Eigen::Index>(streams) * width);
+  for (std::size_t s = 0; s < streams; ++s) rows.middleCols(s * width, width) = state[s].template cast<double>();
+  return rows;
+}
+
+// Rows scaled to unit norm (zero rows stay zero).
+Eigen::MatrixXd unit_rows(Eigen::MatrixXd rows) {
+  for (Eigen::Index t = 0; t < rows.rows(); ++t) {
+    const double norm = rows.row(t).norm();
+    if (norm > 0) rows.row(t) /= norm;
+  }
+  return rows;
+}
+
+// Mean over tokens of arccos(cos(a[t], b[t])) / pi, from unit rows (metrics.md `angle`).
+double mean_angular_distance(const Eigen::MatrixXd& unit_a, const Eigen::MatrixXd& unit_b) {
+  double sum = 0;
+  for (Eigen::Index t = 0; t < unit_a.rows(); ++t) {
+    sum += std::acos(std::clamp(unit_a.row(t).dot(unit_b.row(t)), -1.0, 1.0));
+  }
+  return sum / (std::numbers::pi * static_cast<double>(unit_a.rows()));
+}
+
+// Mean pairwise cosine between distinct token rows: (norm(sum_t u_t)^2 - T) / (T (T - 1)) for
+// unit rows u_t; NaN for a single token.
+double mean_token_cosine(const Eigen::MatrixXd& unit) {
+  const double tokens = static_cast<double>(unit.rows());
+  if (tokens < 2) return kNaN;
+  return (unit.colwise().sum().squaredNorm() - tokens) / (tokens * (tokens - 1));
+}
+
+// Effective rank exp(H(p)), p_i = s_i / sum s over the singular values s of x (Roy & Vetterli
+// 2007, "The effective rank: a measure of effective dimensionality"); the s_i come from the
+// eigenvalues of the smaller Gram matrix.
+double effective_rank(const Eigen::MatrixXd& rows) {
+  const Eigen::MatrixXd gram = rows.rows() <= rows.cols() ? Eigen::MatrixXd(rows * rows.transpose())
+                                                          : Eigen::MatrixXd(rows.transpose() * rows);
+  const Eigen::VectorXd eigenvalues = Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(gram, Eigen::EigenvaluesOnly).eigenvalues();
+  const Eigen::ArrayXd singular = eigenvalues.array().max(0.0).sqrt();
+  const double total = singular.sum();
+  if (!(total > 0)) return kNaN;
+  double entropy = 0;
+  for (const double s : singular) {
+    if (s > 0) entropy -= (s / total) * std::log(s / total);
+  }
+  return std::exp(entropy);
+}
+
 // Base init (architectures.md "Base initialisation"): the standard deviation of one matrix.
 double base_stddev(const ModelConfig& config, WeightMatrix matrix, Eigen::Index fan_in, Eigen::Index fan_out) {
   const bool output_projection = matrix == WeightMatrix::o || matrix == WeightMatrix::down;
@@ -97,6 +159,11 @@ void generate_weights(const ModelConfig& config, const Architecture& arch, const
   } else {
     fill(weights.w_1, d, hidden, WeightMatrix::up);
     fill(weights.w_2, hidden, d, WeightMatrix::down);
+  }
+  if (config.weight_nudge && config.weight_nudge->sublayer == ctx.sublayer) {  // test-only hook
+    const auto& nudge = *config.weight_nudge;
+    Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2};
+    matrices[nudge.matrix]->data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
   }
 }
 
@@ -156,7 +223,11 @@ class Analysis {
       result_.diverged.reset();
     }
     const bool forward_ok = forward(input_ ? *input_ : seed_input, !profile_separately);
+    if (forward_ok && config_.angles_all) angles_matrix();
     if (forward_ok) backward();
+    const bool complete = forward_ok && !result_.diverged;
+    if (complete && config_.exact_jacobian) exact_jacobian();
+    if (complete && config_.spectrum > 0) spectrum();
     stop_prefetch_thread();
     summarize();
     result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -174,8 +245,10 @@ class Analysis {
     return BranchContext<Scalar>{ctx.kind, config_.branch, config_.norm, config_.heads, nullptr};
   }
 
-  // Builds sublayer l's graph; its weights must be in weight_buffers_[l % 2] (ensure_weights).
+  // Builds sublayer l's graph with its weights in weight_buffers_[l % 2] (generated here unless a
+  // prefetch already did; call only while no prefetch is in flight).
   BranchContext<Scalar> prepare_sublayer(int l) {
+    ensure_weights(l);
     const SublayerContext ctx = context(l);
     graph_.reset(static_cast<int>(states_[l].size()));
     arch_.build_sublayer(graph_, ctx);
@@ -241,10 +314,23 @@ class Analysis {
 
   void allocate_figures() {
     const std::size_t states = sublayers_ + 1, subs = sublayers_;
-    for (const char* name : {"rms", "log10_grad", "log10_grad_rel"}) result_.states.add(name, states);
-    for (const char* name : {"gain", "skip_gain", "branch_gain", "skip_gain_theory", "branch_rms", "stream_share"}) {
+    for (const char* name : {"rms", "log10_grad", "log10_grad_rel", "log10_grad_se", "token_cos", "erank"}) {
+      result_.states.add(name, states);
+    }
+    for (int i = 1; i <= config_.spectrum; ++i) result_.states.add(fmt::format("log10_singular_value_{}", i), states);
+    if (config_.exact_jacobian) {
+      result_.states.add("log10_jacobian_fro_exact", states);
+      result_.states.add("log10_jacobian_spectral_exact", states);
+      for (int i = 1; i <= config_.spectrum; ++i) {
+        result_.states.add(fmt::format("log10_singular_value_{}_exact", i), states);
+      }
+    }
+    for (const char* name : {"gain", "skip_gain", "branch_gain", "skip_gain_theory", "branch_rms", "stream_share",
+                             "output_share", "output_share_se", "stream_decomposition", "angle", "block_influence",
+                             "log10_param_grad"}) {
       result_.sublayers.add(name, subs);
     }
+    log_contribution_.assign(static_cast<std::size_t>(sublayers_) * config_.probes, kNaN);  // NaN: not reached
     for (const auto name : arch_.streams) {
       StreamFigures stream{std::string(name), {}, {}};
       stream.states.add("rms", states);
@@ -263,6 +349,9 @@ class Analysis {
 
   void record_state_rms(int l) {
     result_.states.at("rms")[l] = state_rms(states_[l]);
+    const Eigen::MatrixXd rows = token_rows(states_[l], states_[l].size());
+    result_.states.at("token_cos")[l] = mean_token_cosine(unit_rows(rows));
+    result_.states.at("erank")[l] = effective_rank(rows);
     for (std::size_t s = 0; s < states_[l].size(); ++s) {
       result_.streams[s].states.at("rms")[l] = std::sqrt(squared_norm(states_[l][s]) / states_[l][s].size());
     }
@@ -281,7 +370,6 @@ class Analysis {
     auto& branch_rms = result_.sublayers.at("branch_rms");
     auto& stream_share = result_.sublayers.at("stream_share");
     auto& skip_gain_theory = result_.sublayers.at("skip_gain_theory");
-    ensure_weights(0);
     for (int l = 0; l < sublayers_; ++l) {
       const auto branch = prepare_sublayer(l);
       if (arch_.profiles_skip_weight && arch_.skip_gain_theory) {  // w_l is known from here on
@@ -308,9 +396,48 @@ class Analysis {
         return false;
       }
       record_state_rms(l + 1);
+      record_angle(l);
       report_progress(l + 1);
     }
     return true;
+  }
+
+  // angle and block influence of sublayer l, over the streams both states have: angular distance
+  // as in Gromov et al. 2024 (arXiv 2403.17887), block influence as in ShortGPT (Men et al. 2024,
+  // arXiv 2403.03853).
+  void record_angle(int l) {
+    const std::size_t streams = std::min(states_[l].size(), states_[l + 1].size());
+    const Eigen::MatrixXd before = unit_rows(token_rows(states_[l], streams));
+    const Eigen::MatrixXd after = unit_rows(token_rows(states_[l + 1], streams));
+    result_.sublayers.at("angle")[l] = mean_angular_distance(before, after);
+    result_.sublayers.at("block_influence")[l] = 1.0 - (before.cwiseProduct(after).rowwise().sum()).mean();
+  }
+
+  // --angles all: every pair of states, over the streams both have.
+  void angles_matrix() {
+    const int states = sublayers_ + 1;
+    std::size_t min_streams = states_[0].size(), max_streams = states_[0].size();
+    for (const auto& state : states_) {
+      min_streams = std::min(min_streams, state.size());
+      max_streams = std::max(max_streams, state.size());
+    }
+    auto& matrix = result_.angles_matrix;
+    matrix.assign(states, std::vector<double>(states, 0.0));
+    std::vector<Eigen::MatrixXd> unit(states);
+    for (int i = 0; i < states; ++i) unit[i] = unit_rows(token_rows(states_[i], min_streams));
+    for (int i = 0; i < states; ++i) {
+      for (int j = i + 1; j < states; ++j) {
+        double value;
+        if (min_streams == max_streams) {
+          value = mean_angular_distance(unit[i], unit[j]);
+        } else {  // rare: the state widths differ; compare the streams both states have
+          const std::size_t common = std::min(states_[i].size(), states_[j].size());
+          value = mean_angular_distance(unit_rows(token_rows(states_[i], common)),
+                                        unit_rows(token_rows(states_[j], common)));
+        }
+        matrix[i][j] = matrix[j][i] = value;
+      }
+    }
   }
 
   // Renormalises each probe's cotangent to unit norm and returns log(norm) per probe, or false
@@ -340,6 +467,20 @@ class Analysis {
   // Records log10_grad at state l from the accumulated per-probe logs and per-stream shares.
   void record_state_gradient(int l, const std::vector<double>& stream_norms) {
     result_.states.at("log10_grad")[l] = log_rms(log_scale_) / kLn10;
+    // Standard error of log10_grad by the delta method on q_k = norm(g_l,k)^2 (relative scale):
+    // se(log10 sqrt(mean q)) = sd(q) / (sqrt(K) * 2 mean(q) ln 10). NaN for one probe.
+    const int probes = config_.probes;
+    if (probes > 1) {
+      const double top = *std::max_element(log_scale_.begin(), log_scale_.end());
+      double sum = 0, sum_sq = 0;
+      for (int k = 0; k < probes; ++k) {
+        const double q = std::exp(2.0 * (log_scale_[k] - top));
+        sum += q, sum_sq += q * q;
+      }
+      const double mean = sum / probes;
+      const double variance = std::max(0.0, (sum_sq - probes * mean * mean) / (probes - 1));
+      result_.states.at("log10_grad_se")[l] = std::sqrt(variance / probes) / (2.0 * mean * kLn10);
+    }
     const std::size_t streams = states_[l].size();
     for (std::size_t s = 0; s < streams; ++s) {
       std::vector<double> logs(config_.probes);
@@ -372,14 +513,15 @@ class Analysis {
     auto& skip_gain = result_.sublayers.at("skip_gain");
     auto& branch_gain = result_.sublayers.at("branch_gain");
     std::vector<double> weight(probes);
-    ensure_weights(sublayers_ - 1);
     for (int l = sublayers_ - 1; l >= 0; --l) {
       const auto branch = prepare_sublayer(l);
       with_prefetch(l - 1, [&] {
         executor_.forward(graph_, states_[l], branch);  // recompute the activations
         executor_.backward(graph_, gradient_, false, branch, skip_part_);
-        executor_.backward(graph_, gradient_, true, branch, previous_);
+        executor_.backward(graph_, gradient_, true, branch, previous_,
+                           config_.branch == BranchKind::model ? &param_grads_ : nullptr);
       });
+      record_contribution(l);
       // Probe-RMS gains: each probe weighted by its true squared norm at state l+1.
       const double top = *std::max_element(log_scale_.begin(), log_scale_.end());
       double total = 0, total_skip = 0, total_branch = 0, weights = 0;
@@ -412,7 +554,263 @@ class Analysis {
     }
   }
 
+  // ---------------------------------------------------------------------------------------------
+  // Jacobian products J_{l->out} = dy/dx_l (--exact-jacobian, --spectrum). Blocks of P columns are
+  // stacked like probes, P blocks of T rows per stream; `flatten` turns them into (n, P) matrices
+  // with n = streams * T * d.
+
+  // Recomputes sublayer i's activations from its stored input (i == S: the output head).
+  BranchContext<Scalar> recompute(int i) {
+    if (i < sublayers_) {
+      const auto branch = prepare_sublayer(i);
+      executor_.forward(graph_, states_[i], branch);
+      return branch;
+    }
+    const SublayerContext head = context(sublayers_);
+    graph_.reset(static_cast<int>(states_[sublayers_].size()));
+    arch_.build_output(graph_, head);
+    const auto branch = branch_context(head);
+    executor_.forward(graph_, states_[sublayers_], branch);
+    return branch;
+  }
+
+  Eigen::Index entries_per_stream() const { return static_cast<Eigen::Index>(config_.seq) * config_.width; }
+
+  Eigen::MatrixXd flatten(const State<Scalar>& block, Eigen::Index columns) const {
+    const Eigen::Index per = entries_per_stream();
+    Eigen::MatrixXd out(static_cast<Eigen::Index>(block.size()) * per, columns);
+    for (std::size_t s = 0; s < block.size(); ++s) {
+      for (Eigen::Index j = 0; j < columns; ++j) {
+        out.block(static_cast<Eigen::Index>(s) * per, j, per, 1) =
+            Eigen::Map<const Vec<Scalar>>(block[s].data() + j * per, per).template cast<double>();
+      }
+    }
+    return out;
+  }
+
+  void unflatten(const Eigen::MatrixXd& columns, std::size_t streams, State<Scalar>& block) const {
+    const Eigen::Index per = entries_per_stream(), count = columns.cols();
+    block.resize(streams);
+    for (std::size_t s = 0; s < streams; ++s) {
+      block[s].resize(count * config_.seq, config_.width);
+      for (Eigen::Index j = 0; j < count; ++j) {
+        Eigen::Map<Vec<Scalar>>(block[s].data() + j * per, per) =
+            columns.block(static_cast<Eigen::Index>(s) * per, j, per, 1).template cast<Scalar>();
+      }
+    }
+  }
+
+  // --exact-jacobian: J_{l->out}^T for every output coordinate at once (m = T d one-hot cotangents),
+  // one backward sweep; exact Frobenius and spectral norms per state. A common scale per state,
+  // accumulated in log, keeps deep products finite.
+  void exact_jacobian() {
+    const Eigen::Index outputs = entries_per_stream();
+    State<Scalar> cotangent(1, Mat<Scalar>::Zero(outputs * config_.seq, config_.width));
+    for (Eigen::Index c = 0; c < outputs; ++c) cotangent[0](c * config_.seq + c / config_.width, c % config_.width) = 1;
+    auto& fro = result_.states.at("log10_jacobian_fro_exact");
+    auto& spectral = result_.states.at("log10_jacobian_spectral_exact");
+    double log_scale = 0;
+    State<Scalar> next;
+    for (int l = sublayers_; l >= 0; --l) {
+      const auto branch = recompute(l);
+      executor_.backward(graph_, cotangent, true, branch, next);
+      const Eigen::MatrixXd transposed = flatten(next, outputs);  // (n_l, m): J_{l->out}^T / exp(log_scale)
+      const double norm = transposed.norm();
+      fro[l] = (log_scale + std::log(norm)) / kLn10;
+      const Eigen::VectorXd singular = Eigen::BDCSVD<Eigen::MatrixXd>(transposed).singularValues();
+      spectral[l] = (log_scale + std::log(singular[0])) / kLn10;
+      for (int i = 0; i < config_.spectrum && i < singular.size(); ++i) {
+        result_.states.at(fmt::format("log10_singular_value_{}_exact", i + 1))[l] =
+            (log_scale + std::log(singular[i])) / kLn10;
+      }
+      if (!(norm > 0) || !std::isfinite(norm)) return;
+      for (auto& stream : next) stream *= static_cast<Scalar>(1.0 / norm);
+      log_scale += std::log(norm);
+      std::swap(cotangent, next);
+    }
+  }
+
+  static Eigen::MatrixXd orthonormal_columns(const Eigen::MatrixXd& m) {
+    Eigen::HouseholderQR<Eigen::MatrixXd> qr(m);
+    return qr.householderQ() * Eigen::MatrixXd::Identity(m.rows(), m.cols());
+  }
+
+  // J_{l->out} V for orthonormal V (n_l, P): forward-mode sweep with QR at every state,
+  // J V = Q R_total. R_total is kept at unit Frobenius norm, its scale accumulated in log.
+  struct ForwardSweep {
+    Eigen::MatrixXd q;        // (m, P)
+    Eigen::MatrixXd r_total;  // (P, P) upper triangular
+    double log_scale = 0;
+  };
+  ForwardSweep forward_sweep(int l, const Eigen::MatrixXd& v) {
+    const Eigen::Index columns = v.cols();
+    ForwardSweep sweep{{}, Eigen::MatrixXd::Identity(columns, columns), 0.0};
+    State<Scalar> tangent, next;
+    unflatten(v, states_[l].size(), tangent);
+    for (int i = l; i <= sublayers_; ++i) {
+      const auto branch = recompute(i);
+      executor_.jvp(graph_, tangent, branch, next);
+      const Eigen::MatrixXd m = flatten(next, columns);
+      Eigen::HouseholderQR<Eigen::MatrixXd> qr(m);
+      sweep.q = qr.householderQ() * Eigen::MatrixXd::Identity(m.rows(), columns);
+      const Eigen::MatrixXd r = qr.matrixQR().topRows(columns).template triangularView<Eigen::Upper>();
+      sweep.r_total = r * sweep.r_total;
+      const double scale = sweep.r_total.norm();
+      if (!(scale > 0) || !std::isfinite(scale)) break;
+      sweep.r_total /= scale;
+      sweep.log_scale += std::log(scale);
+      unflatten(sweep.q, next.size(), tangent);
+    }
+    return sweep;
+  }
+
+  // orth(J_{l->out}^T U) for U (m, P): backward sweep with QR at every state (only the span matters).
+  Eigen::MatrixXd backward_sweep(int l, const Eigen::MatrixXd& u) {
+    State<Scalar> cotangent, next;
+    unflatten(u, 1, cotangent);
+    Eigen::MatrixXd q;
+    for (int i = sublayers_; i >= l; --i) {
+      const auto branch = recompute(i);
+      executor_.backward(graph_, cotangent, true, branch, next);
+      q = orthonormal_columns(flatten(next, u.cols()));
+      unflatten(q, next.size(), cotangent);
+    }
+    return q;
+  }
+
+  // --spectrum k: top-k singular values of J_{l->out} at every state by subspace iteration on
+  // J^T J (orthogonal iteration with Rayleigh-Ritz; Golub & Van Loan, Matrix Computations, Sec. 8.2).
+  // Each iteration is one forward sweep J V (QR at every state, logs of R accumulated) and one
+  // backward sweep orth(J^T U); the Ritz values are the singular values of R_total. A single
+  // backward sweep from a random start would give only lower bounds. With P = 2k columns the error
+  // falls like (s_{P+1} / s_i)^(2 * iterations); states are processed from the top down, each
+  // warm-started from the previous state's top-k output directions plus fresh random columns.
+  // Cost: O(S^2 * iterations * P) sublayer evaluations, against O(S) for the probes.
+  void spectrum() {
+    const int wanted = config_.spectrum;
+    const Eigen::Index outputs = entries_per_stream();
+    Eigen::Index columns = std::min<Eigen::Index>(2 * wanted, outputs);
+    for (const auto& state : states_) {
+      columns = std::min<Eigen::Index>(columns, static_cast<Eigen::Index>(state.size()) * outputs);
+    }
+    const Eigen::Index kept = std::min<Eigen::Index>(wanted, columns);
+    Eigen::MatrixXd u = Eigen::MatrixXd::Zero(outputs, columns);
+    const double tolerance = config_.precision == Precision::f64 ? kSpectrumToleranceF64 : kSpectrumToleranceF32;
+    for (int l = sublayers_; l >= 0; --l) {
+      // Start: the previous state's top-k output directions plus fresh random columns. The random
+      // part matters: a warm start alone can have exact zeros along a direction (e.g. the final
+      // norm's block-diagonal Jacobian), which no number of iterations would then recover.
+      Eigen::MatrixXd fresh(outputs, columns - (l == sublayers_ ? 0 : kept));
+      fill_normal(stream_key(seed_, RandomUse::spectrum, static_cast<std::uint64_t>(l)), 1.0, fresh.data(),
+                  static_cast<std::size_t>(fresh.size()));
+      u.rightCols(fresh.cols()) = fresh;
+      u = orthonormal_columns(u);
+      Eigen::VectorXd log_singular;
+      Eigen::MatrixXd v = backward_sweep(l, u);
+      for (int iteration = 0; iteration < kSpectrumMaxIterations; ++iteration) {
+        const ForwardSweep sweep = forward_sweep(l, v);
+        const Eigen::JacobiSVD<Eigen::MatrixXd> svd(sweep.r_total, Eigen::ComputeFullU);
+        const Eigen::VectorXd estimate = svd.singularValues().array().log() + sweep.log_scale;
+        u = sweep.q * svd.matrixU();
+        bool converged = log_singular.size() == estimate.size();
+        for (Eigen::Index i = 0; converged && i < std::min<Eigen::Index>(wanted, estimate.size()); ++i) {
+          const double change = estimate[i] == log_singular[i] ? 0.0 : std::abs(estimate[i] - log_singular[i]);
+          converged = change < tolerance;
+        }
+        log_singular = estimate;
+        if (converged) break;
+        v = backward_sweep(l, u);
+      }
+      for (int i = 0; i < wanted && i < log_singular.size(); ++i) {
+        result_.states.at(fmt::format("log10_singular_value_{}", i + 1))[l] = log_singular[i] / kLn10;
+      }
+    }
+  }
+
+  // At sublayer l after the full backward, while log_scale_ still holds state l+1's scales:
+  // the output contribution <dL/d update, update> per probe, log10_param_grad, and (additive
+  // placements) the update's share of the exact decomposition of x_S.
+  void record_contribution(int l) {
+    const int probes = config_.probes, tokens = config_.seq;
+    const auto& update = executor_.value(graph_.update_id());
+    const auto& d_update = executor_.cotangent(graph_.update_id());
+    const Eigen::MatrixXd update_d = update.template cast<double>();
+    for (int k = 0; k < probes; ++k) {
+      // The cotangent is probe k's dL/d update divided by exp(log_scale_[k]): keep the log.
+      const double dot =
+          d_update.middleRows(static_cast<Eigen::Index>(k) * tokens, tokens).template cast<double>().cwiseProduct(update_d).sum();
+      log_contribution_[static_cast<std::size_t>(l) * probes + k] = std::log(std::abs(dot)) + log_scale_[k];
+    }
+    if (config_.branch == BranchKind::model) {
+      std::vector<double> logs(probes);
+      for (int k = 0; k < probes; ++k) logs[k] = log_scale_[k] + 0.5 * std::log(param_grads_[k]);
+      result_.sublayers.at("log10_param_grad")[l] = log_rms(logs) / kLn10;
+    }
+    if (arch_.additive_stream) {
+      const Mat<Scalar>& top = states_[sublayers_].front();
+      result_.sublayers.at("stream_decomposition")[l] =
+          update_d.cwiseProduct(top.template cast<double>()).sum() / squared_norm(top);
+    }
+  }
+
+  // output_share from the per-probe contributions c_{l,k} (kept as logs of |c|):
+  //   output_share_l = R_l / sum_m R_m,  R_l = sqrt(mean_k c_{l,k}^2)  (probe-RMS),
+  //   output_share_se_l = delete-one-probe jackknife standard error of output_share_l:
+  //     sqrt((K-1)/K * sum_k (share_l^(-k) - mean_j share_l^(-j))^2), share^(-k) computed without
+  //     probe k (Efron & Stein 1981); null for K = 1.
+  // A common reference scale (the largest |c|) cancels in the ratios, so nothing overflows.
+  void output_shares() {
+    const int probes = config_.probes;
+    if (log_contribution_.size() != static_cast<std::size_t>(sublayers_) * probes) return;
+    double top = -std::numeric_limits<double>::infinity();
+    for (const double v : log_contribution_) {
+      if (std::isnan(v)) return;
+      top = std::max(top, v);
+    }
+    if (!std::isfinite(top)) return;
+    // squares[l][k] = (c_{l,k} / reference)^2
+    std::vector<double> squares(log_contribution_.size()), row_sum(sublayers_, 0.0);
+    for (std::size_t i = 0; i < squares.size(); ++i) squares[i] = std::exp(2.0 * (log_contribution_[i] - top));
+    for (int l = 0; l < sublayers_; ++l) {
+      for (int k = 0; k < probes; ++k) row_sum[l] += squares[static_cast<std::size_t>(l) * probes + k];
+    }
+    const auto shares = [&](int left_out, std::vector<double>& out) {
+      const double count = left_out < 0 ? probes : probes - 1;
+      double total = 0;
+      out.resize(sublayers_);
+      for (int l = 0; l < sublayers_; ++l) {
+        const double sum = row_sum[l] - (left_out < 0 ? 0.0 : squares[static_cast<std::size_t>(l) * probes + left_out]);
+        out[l] = std::sqrt(std::max(0.0, sum) / count);
+        total += out[l];
+      }
+      for (double& v : out) v /= total;
+      return total;
+    };
+    std::vector<double> share;
+    shares(-1, share);
+    auto& output_share = result_.sublayers.at("output_share");
+    double sum_sq = 0;
+    for (int l = 0; l < sublayers_; ++l) output_share[l] = share[l], sum_sq += share[l] * share[l];
+    result_.effective_depth = 1.0 / sum_sq;  // (sum c)^2 / sum c^2 with c normalised to sum 1
+    if (probes < 2) return;
+    std::vector<double> mean(sublayers_, 0.0), mean_sq(sublayers_, 0.0), left;
+    for (int k = 0; k < probes; ++k) {
+      shares(k, left);
+      for (int l = 0; l < sublayers_; ++l) mean[l] += left[l] / probes, mean_sq[l] += left[l] * left[l] / probes;
+    }
+    auto& se = result_.sublayers.at("output_share_se");
+    for (int l = 0; l < sublayers_; ++l) {
+      se[l] = std::sqrt(std::max(0.0, (probes - 1.0) * (mean_sq[l] - mean[l] * mean[l])));
+    }
+  }
+
   void summarize() {
+    output_shares();
+    if (arch_.additive_stream && !result_.diverged) {
+      const Mat<Scalar>& top = states_[sublayers_].front();
+      result_.stream_decomposition_input =
+          states_[0].front().template cast<double>().cwiseProduct(top.template cast<double>()).sum() / squared_norm(top);
+    }
     const auto& log10_grad = result_.states.at("log10_grad");
     auto& relative = result_.states.at("log10_grad_rel");
     for (int l = 0; l <= sublayers_; ++l) relative[l] = log10_grad[l] - log10_grad[sublayers_];
@@ -449,6 +847,8 @@ class Analysis {
   int prefetch_request_ = kNoRequest;
   State<Scalar> cotangent_out_, gradient_, previous_, skip_part_;
   std::vector<double> log_scale_;  // per probe: log of the true norm of the current gradient
+  ParamGradSquares param_grads_;
+  std::vector<double> log_contribution_;  // (S, K): log |<dL/d update_l, update_l>| per probe
   const Mat<Scalar>* input_;
   double loss_ = 0.0;
 };

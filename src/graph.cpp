@@ -144,6 +144,46 @@ void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vect
   for (int i = 0; i < graph.input_count(); ++i) d_inputs[i] = cotangents_[i];
 }
 
+template <typename Scalar>
+void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_inputs,
+                                const BranchContext<Scalar>& context, std::vector<Mat<Scalar>>& d_outputs) {
+  const Eigen::Index rows = d_inputs.front().rows();
+  for (int i = 0; i < graph.input_count(); ++i) cotangents_[i] = d_inputs[i];  // reused as tangents
+  int id = graph.input_count();
+  for (const Node& node : graph.nodes()) {
+    Mat<Scalar>& d_out = cotangents_[id];
+    const Mat<Scalar>& d_a = cotangents_[node.lhs];
+    switch (node.op) {
+      case NodeOp::add:
+        d_out = d_a + cotangents_[node.rhs];
+        break;
+      case NodeOp::scale:
+        d_out = static_cast<Scalar>(node.factor) * d_a;
+        break;
+      case NodeOp::norm:  // symmetric Jacobians: the backward is the JVP
+        d_out.setZero(rows, values_[id].cols());
+        norm_backward(context.norm, 1, values_[id], norm_stats_[id], d_a, d_out);
+        break;
+      case NodeOp::unit:
+        d_out.setZero(rows, values_[id].cols());
+        unit_rows_backward(1, values_[id], norm_stats_[id], d_a, d_out);
+        break;
+      case NodeOp::branch:
+        if (context.branch == BranchKind::rotation) {
+          rotation_forward(d_a, d_out);
+        } else if (context.kind == SublayerKind::attn) {
+          attention_jvp(values_[node.lhs], *context.weights, attention_options(graph, context), attention_, d_a, d_out);
+        } else {
+          ffn_jvp(*context.weights, ffn_, d_a, d_out);
+        }
+        break;
+    }
+    ++id;
+  }
+  d_outputs.resize(graph.outputs().size());
+  for (std::size_t i = 0; i < graph.outputs().size(); ++i) d_outputs[i] = cotangents_[graph.outputs()[i]];
+}
+
 template class GraphExecutor<float>;
 template class GraphExecutor<double>;
 

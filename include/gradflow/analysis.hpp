@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -47,14 +48,25 @@ struct Divergence {
 
 struct SeedResult {
   std::uint64_t seed = 0;
-  FigureColumns states;     // index 0..S: rms, log10_grad, log10_grad_rel
-  FigureColumns sublayers;  // index 0..S-1: gain, skip_gain, branch_gain, skip_gain_theory, branch_rms, stream_share
+  // index 0..S: rms, log10_grad, log10_grad_rel, log10_grad_se, token_cos, erank (+ --spectrum and
+  // --exact-jacobian columns)
+  FigureColumns states;
+  // index 0..S-1: gain, skip_gain, branch_gain, skip_gain_theory, branch_rms, stream_share,
+  // output_share, output_share_se, stream_decomposition, angle, block_influence, log10_param_grad
+  FigureColumns sublayers;
   std::vector<SublayerKind> kinds;
   std::vector<int> blocks;
   std::vector<StreamFigures> streams;  // one per stream name of the architecture
   double log10_grad_ratio = 0.0;
   Extremum gain_min, gain_max;
   GrowthFit growth;
+  // Participation ratio of the output contributions: (sum c_l)^2 / sum c_l^2 (metrics.md).
+  double effective_depth = std::numeric_limits<double>::quiet_NaN();
+  // Additive placements: the input's share <x_0, x_S> / norm(x_S)^2 of the exact decomposition
+  // x_S = x_0 + sum_l update_l; NaN otherwise.
+  double stream_decomposition_input = std::numeric_limits<double>::quiet_NaN();
+  // --angles all: (S+1) x (S+1) mean-over-tokens angular distance / pi between states; else empty.
+  std::vector<std::vector<double>> angles_matrix;
   std::optional<Divergence> diverged;
   double seconds = 0.0;
 };

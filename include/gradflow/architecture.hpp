@@ -50,6 +50,9 @@ struct Architecture {
   int initial_streams = 1;  // streams of x_0 (each a copy of the input)
   bool profiles_skip_weight = false;  // Admin: w_{l+1}^2 = w_l^2 + Var[F_l] during the forward pass
   bool accepts_alpha = false;         // whether --alpha overrides a constant of this placement
+  // x <- x + update with nothing else touching the stream, so x_S = x_0 + sum_l update_l exactly:
+  // enables the exact stream decomposition (stream_decomposition, metrics.md).
+  bool additive_stream = false;
 
   Constants (*constants)(const ModelConfig&) = nullptr;
   void (*build_sublayer)(SublayerGraph&, const SublayerContext&) = nullptr;

@@ -55,6 +55,19 @@ struct ModelConfig {
   std::string keel_variant = "v2";
   double mix_ratio = 0.25;
   std::optional<double> rezero_alpha;
+  // Optional analyses (issue 4); each costs extra passes over the stack.
+  bool angles_all = false;      // --angles all: the (S+1)x(S+1) angular-distance matrix over states
+  int spectrum = 0;             // --spectrum k: top-k singular values of J_{l->out} per state
+  bool exact_jacobian = false;  // --exact-jacobian: the full J_{l->out} per state (tiny configs only)
+  // Test-only: added to one weight entry after the weights are generated, so that tests can take
+  // finite differences of the loss with respect to a weight. Never set by the CLI.
+  struct WeightNudge {
+    int sublayer = -1;
+    int matrix = 0;  // static_cast<int>(WeightMatrix)
+    long long entry = 0;
+    double delta = 0.0;
+  };
+  std::optional<WeightNudge> weight_nudge;
 
   int sublayers_per_block() const { return block == BlockKind::attn_ffn ? 2 : 1; }
   int sublayers() const { return blocks * sublayers_per_block(); }
@@ -66,6 +79,12 @@ struct ModelConfig {
 
 // Throws InputError naming the bad value and the fix.
 void validate(const ModelConfig& config);
+
+// Limits of the optional analyses: beyond them the cost (quadratic in S, or one backward pass
+// per output coordinate) is refused up front with an InputError naming the limit.
+inline constexpr int kAnglesMaxSublayers = 4096;       // --angles all is O(S^2 T d)
+inline constexpr long long kExactJacobianMaxEntries = 4096;  // --exact-jacobian: T * d * streams
+inline constexpr int kSpectrumMaxColumns = 64;         // --spectrum k
 
 // Bytes an analysis of this configuration needs at peak (residual states plus one sublayer's
 // working set), used to refuse up front what would not fit.

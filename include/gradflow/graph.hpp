@@ -91,6 +91,11 @@ class GraphExecutor {
                 const BranchContext<Scalar>& context, std::vector<Mat<Scalar>>& d_inputs,
                 ParamGradSquares* param_grads = nullptr);
 
+  // Jacobian-vector product after forward: tangents of the inputs (one (P*T, d) block per input
+  // stream, P tangents stacked) to tangents of the outputs.
+  void jvp(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_inputs, const BranchContext<Scalar>& context,
+           std::vector<Mat<Scalar>>& d_outputs);
+
   const Mat<Scalar>& value(int id) const { return values_[id]; }
   // After backward: dL/d(value id), one (K*T, d) block per probe.
   const Mat<Scalar>& cotangent(int id) const { return cotangents_[id]; }

@@ -92,6 +92,12 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, 
                         AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>& dx,
                         ParamGradSquares* param_grads = nullptr);
 
+// Jacobian-vector product (forward mode) after attention_forward: d_out = J d_x for P tangents
+// stacked as P blocks of T rows, (P*T, d). Used by --spectrum, which needs J as well as J^T.
+template <typename Scalar>
+void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
+                   AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out);
+
 // ---------------------------------------------------------------------------------------------
 // Feed-forward: out = gelu(x W_1) W_2, hidden 4d, no biases (Vaswani et al. 2017, Eq. 2).
 template <typename Scalar>
@@ -105,6 +111,10 @@ void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCach
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
                   const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr);
+
+// Forward mode after ffn_forward: d_out = J d_x, tangents (P*T, d).
+template <typename Scalar>
+void ffn_jvp(const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out);
 
 // ---------------------------------------------------------------------------------------------
 // The idealised branch: a fixed 90-degree rotation within coordinate pairs (2i, 2i+1), so that

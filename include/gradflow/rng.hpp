@@ -7,7 +7,7 @@
 namespace gradflow {
 
 // What a random stream feeds; part of the key so that streams never overlap.
-enum class RandomUse : std::uint64_t { input = 1, probe = 2, weight = 3 };
+enum class RandomUse : std::uint64_t { input = 1, probe = 2, weight = 3, spectrum = 4 };
 
 // SplitMix64's output function (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
 std::uint64_t mix64(std::uint64_t value);

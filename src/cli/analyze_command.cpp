@@ -29,6 +29,7 @@ struct AnalyzeOptions {
   std::string output;
   std::string export_weights;
   bool quiet = false;
+  std::string angles = "consecutive";
 };
 
 // FILE.safetensors -> FILE.{arch}.seed{s}.safetensors when a run writes several files.
@@ -55,6 +56,7 @@ int run_analyze(AnalyzeOptions options) {
   model.norm = parse_norm_kind(options.norm);
   model.init = parse_init_kind(options.init);
   model.precision = parse_precision(options.precision);
+  model.angles_all = options.angles == "all";
   validate(model);
   const auto archs = parse_architecture_list(options.arch);
   if (model.alpha) {
@@ -93,6 +95,9 @@ int run_analyze(AnalyzeOptions options) {
   }
   if (options.format != "json" && options.format != "csv" && options.format != "table" && options.format != "markdown") {
     throw InputError(fmt::format("--format {:?} is not json, csv, table or markdown", options.format));
+  }
+  if (model.angles_all && options.format == "csv") {
+    fmt::print(stderr, "gradflow: warning: the --angles all matrix is written in JSON only; use --format json to get it\n");
   }
   AtomicOutput output(options.output);  // fails now, before any work, if the path is not writable
 
@@ -200,6 +205,14 @@ Command setup_analyze(CLI::App& app) {
       ->default_str("0");
   sub->add_option("--probes", m.probes, "Random probes U per seed (per-state figures are RMS over probes)");
   sub->add_option("--input-corr", m.input_corr, "Correlation r of the input tokens, in [0, 1]");
+  sub->add_option("--angles", options->angles,
+                  "consecutive: angle between x_l and x_{l+1} per sublayer; all: also the all-pairs matrix (JSON, O(S^2 T d))")
+      ->check(CLI::IsMember({"consecutive", "all"}));
+  sub->add_option("--spectrum", m.spectrum,
+                  "Top-k singular values of the Jacobian from each state to the output (subspace iteration, O(S^2) sweeps)")
+      ->default_str("off");
+  sub->add_flag("--exact-jacobian", m.exact_jacobian,
+                "Full Jacobian from each state to the output, exact Frobenius and spectral norms (seq * width <= 4096)");
   auto* seed = sub->add_option("--seed", options->seed, "Seed of a single run");
   sub->add_option("--seeds", options->seeds, "Run seeds 0..N-1 and add mean, std and 95% intervals")->excludes(seed)->default_str("off");
   sub->add_option("--threads", options->threads, "Worker threads; results are identical for every count")->default_str("all cores");

@@ -122,12 +122,45 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, 
   add_param_grad(x, d_v_raw);
 }
 
+template <typename Scalar>
+void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
+                   AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out) {
+  const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
+  const Eigen::Index probes = d_x.rows() / tokens;
+  const Scalar scale = static_cast<Scalar>(options.score_scale);
+  // Every norm Jacobian here is symmetric (rms, layer, dyt, unit rows), so its backward is its JVP.
+  Mat<Scalar> d_q_raw = d_x * w.w_q, d_k_raw = d_x * w.w_k, d_v_raw = d_x * w.w_v;  // (P*T, d)
+  const Mat<Scalar> d_q = projection_backward(options, false, cache.q, cache.q_inv, d_q_raw, cache.d_raw);
+  const Mat<Scalar> d_k = projection_backward(options, false, cache.k, cache.k_inv, d_k_raw, cache.d_raw);
+  const Mat<Scalar> d_v = projection_backward(options, true, cache.v, cache.v_inv, d_v_raw, cache.d_raw);
+  cache.d_context.setZero(d_x.rows(), width);
+  for (Eigen::Index k = 0; k < probes; ++k) {
+    for (int h = 0; h < options.heads; ++h) {
+      const Mat<Scalar>& probs = cache.probs[h];  // (T, T)
+      const auto q = cache.q.middleCols(h * head_dim, head_dim);
+      const auto key = cache.k.middleCols(h * head_dim, head_dim);
+      const auto v = cache.v.middleCols(h * head_dim, head_dim);
+      const auto dq = d_q.block(k * tokens, h * head_dim, tokens, head_dim);
+      const auto dk = d_k.block(k * tokens, h * head_dim, tokens, head_dim);
+      const auto dv = d_v.block(k * tokens, h * head_dim, tokens, head_dim);
+      cache.d_scores.noalias() = (dq * key.transpose() + q * dk.transpose()) * scale;  // (T, T)
+      // softmax JVP: dP = P (dS - rowsum(P dS)); masked entries have P = 0.
+      const Vec<Scalar> row_dot = (cache.d_scores.array() * probs.array()).rowwise().sum();
+      cache.d_probs = probs.array() * (cache.d_scores.colwise() - row_dot).array();
+      cache.d_context.block(k * tokens, h * head_dim, tokens, head_dim).noalias() = cache.d_probs * v + probs * dv;
+    }
+  }
+  d_out.noalias() = cache.d_context * w.w_o;  // (P*T, d)
+}
+
 #define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                                    \
   template void attention_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                     \
                                           const AttentionOptions&, AttentionCache<Scalar>&, Mat<Scalar>&);        \
   template void attention_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                    \
                                            const AttentionOptions&, AttentionCache<Scalar>&, const Mat<Scalar>&, \
-                                           Mat<Scalar>&, ParamGradSquares*);
+                                           Mat<Scalar>&, ParamGradSquares*);                                   \
+  template void attention_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const AttentionOptions&, \
+                                      AttentionCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_ATTENTION(float)
 GRADFLOW_INSTANTIATE_ATTENTION(double)
 

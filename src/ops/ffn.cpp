@@ -60,6 +60,14 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
 }
 
 template <typename Scalar>
+void ffn_jvp(const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out) {
+  cache.d_hidden.noalias() = d_x * w.w_1;  // (P*T, 4d)
+  cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
+  gelu_backward(cache.hidden_pre, cache.d_hidden, cache.d_hidden_pre);  // GELU's Jacobian is diagonal
+  d_out.noalias() = cache.d_hidden_pre * w.w_2;  // (P*T, d)
+}
+
+template <typename Scalar>
 void rotation_forward(const Mat<Scalar>& x, Mat<Scalar>& out) {
   out.resize(x.rows(), x.cols());
   for (Eigen::Index c = 0; c + 1 < x.cols(); c += 2) {  // (a, b) -> (-b, a)
@@ -83,6 +91,7 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
                                     Mat<Scalar>&);                                                                \
   template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&,       \
                                      const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*);                        \
+  template void ffn_jvp<Scalar>(const SublayerWeights<Scalar>&, FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&); \
   template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                       \
   template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_FFN(float)

@@ -61,6 +61,8 @@ json seed_to_json(const SeedResult& seed) {
       {"growth_class", seed.growth.growth_class},
       {"growth_fit", growth_to_json(seed.growth)},
       {"stream_growth", stream_growth},
+      {"effective_depth", number(seed.effective_depth)},
+      {"stream_decomposition_input", number(seed.stream_decomposition_input)},
       {"diverged", nullptr},
   };
   if (seed.diverged) {
@@ -68,11 +70,14 @@ json seed_to_json(const SeedResult& seed) {
                            {"phase", seed.diverged->phase},
                            {"reason", seed.diverged->reason}};
   }
-  return {{"seed", seed.seed},
-          {"states", states},
-          {"sublayers", sublayers},
-          {"summary", summary},
-          {"timing", {{"seconds", seed.seconds}}}};
+  json out = {{"seed", seed.seed}, {"states", states}, {"sublayers", sublayers}, {"summary", summary}};
+  if (!seed.angles_matrix.empty()) {
+    json matrix = json::array();
+    for (const auto& row : seed.angles_matrix) matrix.push_back(numbers(row));
+    out["angles_matrix"] = matrix;
+  }
+  out["timing"] = {{"seconds", seed.seconds}};
+  return out;
 }
 
 json spread_arrays(const std::vector<const std::vector<double>*>& per_seed) {
@@ -104,8 +109,10 @@ json aggregate_columns(const std::vector<SeedResult>& seeds, const FigureColumns
 }
 
 json aggregate_to_json(const std::vector<SeedResult>& seeds) {
-  std::vector<double> ratio, exponent, gain_min, gain_max;
+  std::vector<double> ratio, exponent, gain_min, gain_max, effective_depth, input_share;
   for (const auto& seed : seeds) {
+    effective_depth.push_back(seed.effective_depth);
+    input_share.push_back(seed.stream_decomposition_input);
     ratio.push_back(seed.log10_grad_ratio);
     exponent.push_back(seed.growth.exponent);
     gain_min.push_back(seed.gain_min.value);
@@ -120,7 +127,9 @@ json aggregate_to_json(const std::vector<SeedResult>& seeds) {
             {"growth_exponent", spread_to_json(exponent)},
             {"growth_class", growth_class(spread(exponent).mean)},
             {"gain_min", spread_to_json(gain_min)},
-            {"gain_max", spread_to_json(gain_max)}}}};
+            {"gain_max", spread_to_json(gain_max)},
+            {"effective_depth", spread_to_json(effective_depth)},
+            {"stream_decomposition_input", spread_to_json(input_share)}}}};
 }
 }  // namespace
 
@@ -153,6 +162,9 @@ json config_to_json(const ArchResult& result) {
                  {"branch", to_string(c.branch)},
                  {"probes", c.probes},
                  {"input_corr", c.input_corr},
+                 {"angles", c.angles_all ? "all" : "consecutive"},
+                 {"spectrum", c.spectrum},
+                 {"exact_jacobian", c.exact_jacobian},
                  {"seeds", seeds},
                  {"streams", json::array()},
                  {"constants", constants}};
@@ -199,6 +211,7 @@ json architecture_to_json(const Architecture& arch, const ModelConfig& config) {
               {"citation", std::string(arch.citation)},
               {"provisional", arch.provisional},
               {"streams", streams},
+              {"additive_stream", arch.additive_stream},
               {"expected_growth_class", std::string(arch.expected_growth)}};
   if (arch.provisional) out["provisional_note"] = std::string(arch.provisional_note);
   return out;

@@ -63,3 +63,30 @@ TEST_CASE("attention is causal: token t does not depend on later tokens") {
     for (Eigen::Index i = 0; i < probs.rows(); ++i) CHECK(probs.row(i).sum() == doctest::Approx(1.0));
   }
 }
+
+TEST_CASE("attention_jvp matches central differences for every q/k/v normalisation") {
+  const int d = 8, heads = 2;
+  const auto w = attention_weights(d, 41);
+  const MatD x = random_matrix(5, d, 45);
+  for (const QkvNorm qkv : {QkvNorm::none, QkvNorm::per_head_qkv, QkvNorm::full_qk, QkvNorm::per_head_qk_unit}) {
+    for (const NormKind norm : {NormKind::rms, NormKind::layer, NormKind::dyt}) {
+      CAPTURE(static_cast<int>(qkv));
+      CAPTURE(to_string(norm));
+      AttentionOptions options{heads, norm, qkv, qkv == QkvNorm::per_head_qk_unit ? 2.0 : 0.5};
+      const auto forward = [&](const MatD& in) {
+        AttentionCache<double> cache;
+        MatD out;
+        attention_forward(in, w, options, cache, out);
+        return out;
+      };
+      const auto jvp = [&](const MatD& in, const MatD& dx) {
+        AttentionCache<double> cache;
+        MatD out, dy;
+        attention_forward(in, w, options, cache, out);
+        attention_jvp(in, w, options, cache, dx, dy);
+        return dy;
+      };
+      CHECK(jvp_relative_error(x, forward, jvp) <= kFiniteDifferenceTolerance);
+    }
+  }
+}

@@ -86,3 +86,25 @@ TEST_CASE("rotation branch: as large as its input, orthogonal to it, and its bac
   };
   CHECK(backward_relative_error(x, forward, backward) <= kFiniteDifferenceTolerance);
 }
+
+TEST_CASE("ffn_jvp matches central differences") {
+  const int d = 6;
+  SublayerWeights<double> w;
+  w.w_1 = random_matrix(d, 4 * d, 52, 0.4);
+  w.w_2 = random_matrix(4 * d, d, 53, 0.2);
+  const MatD x = random_matrix(5, d, 54);
+  const auto forward = [&](const MatD& in) {
+    FfnCache<double> cache;
+    MatD out;
+    ffn_forward(in, w, cache, out);
+    return out;
+  };
+  const auto jvp = [&](const MatD& in, const MatD& dx) {
+    FfnCache<double> cache;
+    MatD out, dy;
+    ffn_forward(in, w, cache, out);
+    ffn_jvp(w, cache, dx, dy);
+    return dy;
+  };
+  CHECK(jvp_relative_error(x, forward, jvp) <= kFiniteDifferenceTolerance);
+}

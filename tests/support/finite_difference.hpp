@@ -48,6 +48,22 @@ inline double backward_relative_error(const MatD& x, const std::function<MatD(co
   return error;
 }
 
+// Relative error of a Jacobian-vector product against central differences along `tangents`
+// random directions stacked as in the engine: jvp (x, dx (P*T, n)) -> dy (P*T, m).
+inline double jvp_relative_error(const MatD& x, const std::function<MatD(const MatD&)>& forward,
+                                 const std::function<MatD(const MatD&, const MatD&)>& jvp, int tangents = 2,
+                                 double h = 1e-6, unsigned seed = 9) {
+  const Eigen::Index tokens = x.rows();
+  const MatD directions = random_matrix(tangents * tokens, x.cols(), seed);
+  const MatD analytic = jvp(x, directions);
+  MatD numeric(analytic.rows(), analytic.cols());
+  for (int k = 0; k < tangents; ++k) {
+    const MatD v = directions.middleRows(k * tokens, tokens);
+    numeric.middleRows(k * tokens, tokens) = (forward(x + h * v) - forward(x - h * v)) / (2 * h);
+  }
+  return (numeric - analytic).norm() / analytic.norm();
+}
+
 // The acceptance bound of issue 2: float64 backward against central differences.
 inline constexpr double kFiniteDifferenceTolerance = 1e-6;
 

@@ -1,0 +1,82 @@
+// Estimators of the Jacobian product J_{l->out} against the exact one (--exact-jacobian): the
+// K-probe Frobenius estimate and --spectrum's top-k singular values (issue 4, acceptance 1).
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "gradflow/analysis.hpp"
+#include "gradflow/errors.hpp"
+
+using namespace gradflow;
+
+namespace {
+ModelConfig tiny_config() {
+  ModelConfig config;
+  config.blocks = 3;
+  config.width = 8;
+  config.heads = 2;
+  config.seq = 4;
+  config.precision = Precision::f64;
+  config.exact_jacobian = true;
+  return config;
+}
+}  // namespace
+
+TEST_CASE("the 64-probe Frobenius estimate is within 3 standard errors of the exact norm at every state") {
+  for (const char* id : {"pre-ln", "post-ln", "deepnorm", "keel", "plain"}) {
+    ModelConfig config = tiny_config();
+    config.probes = 64;
+    const Architecture& arch = find_architecture(id);
+    const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 0);
+    const auto& estimate = run.states.at("log10_grad");
+    const auto& se = run.states.at("log10_grad_se");
+    const auto& exact = run.states.at("log10_jacobian_fro_exact");
+    for (std::size_t l = 0; l < exact.size(); ++l) {
+      CAPTURE(id);
+      CAPTURE(l);
+      CAPTURE(estimate[l]);
+      CAPTURE(exact[l]);
+      CHECK(se[l] > 0);
+      CHECK(std::abs(estimate[l] - exact[l]) <= 3 * se[l]);
+    }
+  }
+}
+
+TEST_CASE("--spectrum 4 matches the exact top-4 singular values to 1e-3 relative (float64)") {
+  for (const char* id : {"pre-ln", "post-ln", "deepnorm", "keel", "plain"}) {
+    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::attn}) {
+      ModelConfig config = tiny_config();
+      config.block = block;
+      config.spectrum = 4;
+      const Architecture& arch = find_architecture(id);
+      const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 1);
+      const auto& spectral = run.states.at("log10_jacobian_spectral_exact");
+      for (int i = 1; i <= 4; ++i) {
+        const auto& estimate = run.states.at("log10_singular_value_" + std::to_string(i));
+        const auto& exact = run.states.at("log10_singular_value_" + std::to_string(i) + "_exact");
+        for (std::size_t l = 0; l < exact.size(); ++l) {
+          CAPTURE(id);
+          CAPTURE(to_string(block));
+          CAPTURE(i);
+          CAPTURE(l);
+          CHECK(std::abs(std::pow(10.0, estimate[l] - exact[l]) - 1.0) <= 1e-3);
+          if (i == 1) CHECK(exact[l] == doctest::Approx(spectral[l]));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("--exact-jacobian refuses configurations above its limit with an InputError") {
+  ModelConfig config = tiny_config();
+  config.seq = 64;
+  config.width = 256;
+  CHECK_THROWS_AS(validate(config), InputError);
+  config.exact_jacobian = false;
+  config.spectrum = kSpectrumMaxColumns + 1;
+  CHECK_THROWS_AS(validate(config), InputError);
+  config.spectrum = 0;
+  config.blocks = kAnglesMaxSublayers;  // 2 sublayers per block
+  config.angles_all = true;
+  CHECK_THROWS_AS(validate(config), InputError);
+}
