@@ -144,12 +144,13 @@ Command setup_check(CLI::App& app) {
   sub->add_option("--baseline", options->baseline,
                   "The reference document (same command, same configuration)")
       ->required();
-  sub->add_option("--tolerances", options->tolerances,
-                  "JSON overriding the defaults: {\"log_space\": 0.05, \"linear\": 0.05, \"exponent\": 0.05, "
-                  "\"figures\": {\"gain\": 0.1}}")
-      ->default_str(
-          "log10_* figures 0.05 decades absolute; positive linear figures (rms, gain, *_gain, branch_rms, "
-          "stream_share) 0.05 decades of new/old; growth exponents 0.05");
+  sub->add_option(
+         "--tolerances", options->tolerances,
+         "JSON file overriding the default tolerances: log10_* figures 0.05 decades (absolute "
+         "difference); positive linear figures (rms, gain, *_gain, branch_rms, stream_share) 0.05 "
+         "decades of new/old; growth exponents 0.05. Format: {\"log_space\": 0.05, \"linear\": 0.05, "
+         "\"exponent\": 0.05, \"figures\": {\"gain\": 0.1}}")
+      ->default_str("the defaults");
   sub->add_option(
          "--expect", options->expectations,
          "ARCH.FIELD[.SUBFIELD] OP VALUE, OP one of < <= > >= == != (repeatable), e.g. "
@@ -161,8 +162,8 @@ Command setup_check(CLI::App& app) {
   sub->add_option("--max-rows", options->max_rows, "Regressions listed in the Markdown table");
   sub->footer(
       "Runs are matched by arch and seed (and depth and width in sweeps); every per-state and per-sublayer "
-      "figure "
-      "and the run summary are compared. Exit 0 pass, 1 regression or failed expectation, 2 bad input.");
+      "figure and the run summary are compared. Exit 0 pass, 1 regression or failed expectation, 2 bad "
+      "input.");
   return {sub, [options] { return run_check(*options); }};
 }
 
