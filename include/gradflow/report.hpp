@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/sweep.hpp"
 
 namespace gradflow {
 
@@ -27,6 +28,25 @@ void write_csv(const AnalysisReport& report, std::ostream& out);
 void write_table(const AnalysisReport& report, std::ostream& out, bool colour);
 // The same rows as a GitHub Markdown table.
 void write_markdown(const AnalysisReport& report, std::ostream& out);
+
+// ---- sweeps (sweep_reporter.cpp)
+// One sweep cell: exactly the analyze document of that single (arch, depth, width, seed) run,
+// minus the timing-dependent fields (threads, timing), so that reruns give the same bytes.
+nlohmann::ordered_json cell_document(const ArchResult& result);
+// The model options every cell of a sweep shares (everything but arch, depth, width and seed).
+nlohmann::ordered_json sweep_model_to_json(const ModelConfig& config);
+// DIR/sweep.json: the grid and the shared model options; identical for every shard of a sweep.
+nlohmann::ordered_json sweep_manifest(const SweepGrid& grid, const ModelConfig& config);
+// The grid of a manifest; throws InputError naming `origin` when it is malformed.
+SweepGrid grid_from_manifest(const nlohmann::ordered_json& manifest, const std::string& origin);
+// The figures the fits need, read from a cell document; throws InputError naming `origin`.
+CellFigures cell_figures(const nlohmann::ordered_json& cell, const std::string& origin);
+// The sweep document: manifest, one summary row per cell in the global order, and the fits.
+// `cells` holds every cell document of the grid, in the global order.
+nlohmann::ordered_json sweep_document(const nlohmann::ordered_json& manifest,
+                                      const std::vector<nlohmann::ordered_json>& cells);
+// The sweep document as CSV: one row per cell (its summary figures), RFC 4180.
+void write_sweep_csv(const nlohmann::ordered_json& sweep, std::ostream& out);
 
 // A placement's registry entry (gradflow archs), with constants at `config`'s depth.
 nlohmann::ordered_json architecture_to_json(const Architecture& arch, const ModelConfig& config);

@@ -18,13 +18,11 @@ namespace gradflow::cli {
 
 namespace {
 struct AnalyzeOptions {
-  ModelConfig model;
+  ModelOptions model;
   std::string arch = "keel";
-  std::string block = "attn-ffn", norm = "rms", init = "xavier", precision = "f32";
   std::uint64_t seed = 0;
   int seeds = 0;  // 0: just --seed
   int threads = 0;
-  bool ideal_branch = false;
   std::string format = "json";
   std::string output;
   std::string export_weights;
@@ -40,36 +38,12 @@ std::string export_path(const std::string& base, std::string_view arch, std::uin
       .string();
 }
 
-// The placements whose skip weight --alpha overrides.
-std::vector<std::string_view> alpha_placements() {
-  std::vector<std::string_view> ids;
-  for (const Architecture& arch : architectures()) {
-    if (arch.accepts_alpha) ids.push_back(arch.id);
-  }
-  return ids;
-}
-
-int run_analyze(AnalyzeOptions options) {
-  ModelConfig& model = options.model;
-  if (options.ideal_branch) model.branch = BranchKind::rotation;
-  model.block = parse_block_kind(options.block);
-  model.norm = parse_norm_kind(options.norm);
-  model.init = parse_init_kind(options.init);
-  model.precision = parse_precision(options.precision);
+int run_analyze(const AnalyzeOptions& options) {
+  ModelConfig model = resolve_model(options.model);
   model.angles_all = options.angles == "all";
   validate(model);
   const auto archs = parse_architecture_list(options.arch);
-  if (model.alpha) {
-    bool any = false;
-    for (const Architecture* arch : archs) any = any || arch->accepts_alpha;
-    if (!any) {
-      throw InputError(fmt::format("--alpha {} does not apply to {}; it sets the skip weight of {}",
-                                   *model.alpha, options.arch, fmt::join(alpha_placements(), ", ")));
-    }
-    for (const Architecture* arch : archs) {
-      if (!arch->accepts_alpha) fmt::print(stderr, "gradflow: warning: --alpha does not apply to {}; ignored there\n", arch->id);
-    }
-  }
+  check_alpha_applies(model, archs, options.arch);
   std::vector<std::uint64_t> seeds;
   if (options.seeds > 0) {
     for (int s = 0; s < options.seeds; ++s) seeds.push_back(static_cast<std::uint64_t>(s));
@@ -78,24 +52,8 @@ int run_analyze(AnalyzeOptions options) {
   }
   const int threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
 
-  // Refuse up front what would not fit.
   const int jobs = static_cast<int>(archs.size() * seeds.size());
-  const int concurrent = std::min(threads, jobs);
-  std::uint64_t needed = 0;
-  for (const Architecture* arch : archs) {
-    needed = std::max(needed, estimated_memory_bytes(model, static_cast<int>(arch->streams.size())));
-  }
-  needed *= concurrent;
-  const std::uint64_t available = available_memory_bytes();
-  if (available > 0 && needed > available) {
-    throw InputError(fmt::format(
-        "this configuration needs about {:.1f} GB (depth {}, width {}, seq {}, {}, {} run(s) at once) but the machine has "
-        "{:.1f} GB available; reduce --depth, --width or --seq, use --precision f32, or --threads 1",
-        needed / 1e9, model.blocks, model.width, model.seq, to_string(model.precision), concurrent, available / 1e9));
-  }
-  if (options.format != "json" && options.format != "csv" && options.format != "table" && options.format != "markdown") {
-    throw InputError(fmt::format("--format {:?} is not json, csv, table or markdown", options.format));
-  }
+  check_memory(model, archs, std::min(threads, jobs));
   if (model.angles_all && options.format == "csv") {
     fmt::print(stderr, "gradflow: warning: the --angles all matrix is written in JSON only; use --format json to get it\n");
   }
@@ -180,31 +138,13 @@ int run_analyze(AnalyzeOptions options) {
 
 Command setup_analyze(CLI::App& app) {
   auto options = std::make_shared<AnalyzeOptions>();
-  ModelConfig& m = options->model;
+  ModelConfig& m = options->model.model;
   CLI::App* sub = app.add_subcommand("analyze", "Measure signal and gradient flow through randomly initialised stacks");
   sub->option_defaults()->always_capture_default();
   sub->add_option("--arch", options->arch, "Placement id, a comma-separated list, or 'all' (see 'gradflow archs')");
   sub->add_option("--depth", m.blocks, "Depth in blocks B (a block is attention + FFN by default)");
   sub->add_option("--width", m.width, "Model width d");
-  sub->add_option("--heads", m.heads, "Attention heads (must divide --width)");
-  sub->add_option("--seq", m.seq, "Sequence length T (tokens)");
-  sub->add_option("--block", options->block, "Sublayers per block: attn-ffn (2), ffn (1) or attn (1)")
-      ->check(CLI::IsMember({"attn-ffn", "ffn", "attn"}));
-  sub->add_option("--norm", options->norm, "Normalisation: rms (RMSNorm), layer (LayerNorm) or dyt (DyT, alpha 0.5)")
-      ->check(CLI::IsMember({"rms", "layer", "dyt"}));
-  sub->add_option("--init", options->init,
-                  "Base init: xavier, gpt2 (0.02, out-proj / sqrt(2B)) or small (sqrt(2/5d), out-proj / sqrt(2B))")
-      ->check(CLI::IsMember({"xavier", "gpt2", "small"}));
-  sub->add_option("--precision", options->precision, "Arithmetic: f32 or f64 (gradient logs are always accumulated in double)")
-      ->check(CLI::IsMember({"f32", "f64"}));
-  sub->add_option("--alpha", m.alpha, "Override the skip weight a of deepnorm, deepnorm-glm or keel (default: the paper's constant)")
-      ->default_str("paper's constant");
-  sub->add_option("--keel-variant", m.keel_variant, "Keel's first sublayers: v2 (paper v2) or v1");
-  sub->add_option("--mix-ratio", m.mix_ratio, "mix-ln: fraction r of blocks (the first floor(r B)) that are post-ln");
-  sub->add_option("--rezero-alpha", m.rezero_alpha, "rezero: the branch weight a (default 0, as at init)")
-      ->default_str("0");
-  sub->add_option("--probes", m.probes, "Random probes U per seed (per-state figures are RMS over probes)");
-  sub->add_option("--input-corr", m.input_corr, "Correlation r of the input tokens, in [0, 1]");
+  add_model_options(sub, options->model);
   sub->add_option("--angles", options->angles,
                   "consecutive: angle between x_l and x_{l+1} per sublayer; all: also the all-pairs matrix (JSON, O(S^2 T d))")
       ->check(CLI::IsMember({"consecutive", "all"}));
@@ -216,8 +156,6 @@ Command setup_analyze(CLI::App& app) {
   auto* seed = sub->add_option("--seed", options->seed, "Seed of a single run");
   sub->add_option("--seeds", options->seeds, "Run seeds 0..N-1 and add mean, std and 95% intervals")->excludes(seed)->default_str("off");
   sub->add_option("--threads", options->threads, "Worker threads; results are identical for every count")->default_str("all cores");
-  sub->add_flag("--ideal-branch", options->ideal_branch,
-                "Replace every branch F by a 90-degree rotation within coordinate pairs (the closed forms' idealised branch)");
   sub->add_option("--format", options->format,
                   "Output format: json, csv, table (a summary for the terminal) or markdown (the same as a Markdown table)")
       ->check(CLI::IsMember({"json", "csv", "table", "markdown"}));

@@ -6,7 +6,13 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
+
+#include "gradflow/architecture.hpp"
+#include "gradflow/config.hpp"
 
 namespace gradflow::cli {
 
@@ -17,6 +23,25 @@ struct Command {
 };
 Command setup_analyze(CLI::App& app);
 Command setup_archs(CLI::App& app);
+Command setup_sweep(CLI::App& app);
+Command setup_merge(CLI::App& app);
+Command setup_check(CLI::App& app);
+
+// The model flags analyze and sweep share (model_options.cpp): everything but --arch, --depth,
+// --width and the seeds, which each subcommand declares in its own shape.
+struct ModelOptions {
+  ModelConfig model;
+  std::string block = "attn-ffn", norm = "rms", init = "xavier", precision = "f32";
+  bool ideal_branch = false;
+};
+void add_model_options(CLI::App* sub, ModelOptions& options);
+// The configuration the flags describe (depth and width as set on options.model), validated.
+ModelConfig resolve_model(const ModelOptions& options);
+// Refuses --alpha when no placement of `archs` accepts it; warns for those that ignore it.
+void check_alpha_applies(const ModelConfig& model, const std::vector<const Architecture*>& archs,
+                         const std::string& arch_list);
+// Refuses up front a configuration whose `concurrent` runs would not fit in memory.
+void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent);
 
 // Output that appears whole or not at all: a temporary file beside the target, renamed on
 // commit(); removed if never committed. An empty path means stdout (written at commit()).
@@ -33,6 +58,15 @@ class AtomicOutput {
   std::ostringstream buffer_;
   bool committed_ = false;
 };
+
+// A file's whole contents; nullopt when it cannot be opened.
+std::optional<std::string> read_text_file(const std::string& path);
+// Parses a JSON file; throws InputError naming the path when it is missing or malformed.
+nlohmann::ordered_json read_json_file(const std::string& path);
+// The key where two JSON objects first differ, as "PREFIXkey: A vs B"; empty when equal.
+std::string first_difference(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b, const std::string& prefix);
+// Writes `text` to `path` whole or not at all (AtomicOutput).
+void write_file_atomically(const std::string& path, const std::string& text);
 
 // Bytes of memory this machine can give a new process (MemAvailable), 0 if unknown.
 std::uint64_t available_memory_bytes();

@@ -17,7 +17,9 @@ int main(int argc, char** argv) {
                        failed->get_parent() ? failed->get_name() + " " : "");
   });
   app.footer("Definitions: shared/spec (architectures.md, metrics.md). Exit codes: 0 ok, 1 check failed, 2 bad input.");
-  const gradflow::cli::Command commands[] = {gradflow::cli::setup_analyze(app), gradflow::cli::setup_archs(app)};
+  namespace cli = gradflow::cli;
+  const cli::Command commands[] = {cli::setup_analyze(app), cli::setup_archs(app), cli::setup_sweep(app),
+                                   cli::setup_merge(app), cli::setup_check(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

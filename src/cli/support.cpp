@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 #include <random>
 
@@ -46,6 +48,44 @@ void AtomicOutput::commit() {
     }
   }
   committed_ = true;
+}
+
+std::optional<std::string> read_text_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return std::nullopt;
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (file.bad()) return std::nullopt;
+  return text.str();
+}
+
+nlohmann::ordered_json read_json_file(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw InputError(fmt::format("{} is a directory, not a JSON file", path));
+  const auto text = read_text_file(path);
+  if (!text) throw InputError(fmt::format("{}: cannot read the file (missing or not readable)", path));
+  try {
+    return nlohmann::ordered_json::parse(*text);
+  } catch (const nlohmann::json::parse_error& error) {
+    throw InputError(fmt::format("{}: malformed JSON ({})", path, error.what()));
+  }
+}
+
+// The field where two JSON objects first differ ("model.seq: 16 vs 32"), empty when equal.
+std::string first_difference(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b, const std::string& prefix) {
+  for (const auto& [key, value] : a.items()) {
+    if (!b.contains(key)) return fmt::format("{}{}: {} vs absent", prefix, key, value.dump());
+    if (value != b.at(key)) return fmt::format("{}{}: {} vs {}", prefix, key, value.dump(), b.at(key).dump());
+  }
+  for (const auto& [key, value] : b.items()) {
+    if (!a.contains(key)) return fmt::format("{}{}: absent vs {}", prefix, key, value.dump());
+  }
+  return {};
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  AtomicOutput output(path);
+  output.stream() << text;
+  output.commit();
 }
 
 std::uint64_t available_memory_bytes() {

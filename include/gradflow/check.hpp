@@ -1,0 +1,65 @@
+// Regression checks between two gradflow documents (analyze, cell or sweep), and the small
+// expectation language of `gradflow check --expect`. Works on parsed JSON; no files here.
+#pragma once
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace gradflow {
+
+// How a figure's difference is measured: log-space figures (log10_*) by absolute difference in
+// decades; positive linear figures (rms, gain, *_gain, branch_rms, stream_share, ...) by
+// |log10(new / old)|, also in decades; exponents and slopes by absolute difference.
+enum class FigureScale { log_space, linear, exponent };
+FigureScale figure_scale(std::string_view figure);
+
+struct Tolerances {
+  double log_space = 0.05;                   // decades
+  double linear = 0.05;                      // decades of the ratio new / old (about 12%)
+  double exponent = 0.05;                    // growth exponent, absolute
+  std::map<std::string, double> per_figure;  // overrides by figure name (e.g. "gain": 0.1)
+  double for_figure(const std::string& figure) const;
+};
+// {"log_space": x, "linear": x, "exponent": x, "figures": {"gain": x, ...}}; every key optional.
+// Throws InputError naming `origin` and the bad key or value.
+Tolerances tolerances_from_json(const nlohmann::ordered_json& json, const std::string& origin);
+
+struct Regression {
+  std::string placement, run, figure, layer;    // run: "seed 0" or "B16 d256 seed 0"
+  nlohmann::ordered_json old_value, new_value;  // numbers, strings or null
+  double difference = 0.0, tolerance = 0.0;
+  std::string note;  // e.g. "missing from the result", "became null"
+};
+
+struct Comparison {
+  long long figures_compared = 0;
+  int runs_compared = 0;
+  std::vector<Regression> regressions;
+  std::vector<std::string> notes;  // runs present only in the result, and the like
+};
+// Compares every figure of every run of `baseline` with the run of `result` with the same arch
+// and seed (and depth and width, for sweeps). Throws InputError when a document is not a gradflow
+// document or matching runs measure different configurations (naming the field and both values).
+Comparison compare_documents(const nlohmann::ordered_json& result, const nlohmann::ordered_json& baseline,
+                             const Tolerances& tolerances);
+
+// ARCH.FIELD[.SUBFIELD] OP VALUE, OP one of < <= > >= == !=; VALUE a number or a word.
+struct Expectation {
+  std::string text, arch, op, value;
+  std::vector<std::string> path;  // FIELD[, SUBFIELD]
+};
+Expectation parse_expectation(const std::string& text);  // throws InputError naming the text
+
+struct ExpectationOutcome {
+  std::string text;
+  bool passed = false;
+  std::string actual;  // the value(s) it was evaluated on
+};
+// On an analyze document FIELD is a seed summary field (numbers averaged over seeds;
+// growth_class is the class of the mean exponent); on a sweep document it is a field of the
+// cross-depth fit, which must hold for every width. An object with a "value" stands for it.
+// Throws InputError naming an unknown arch or field.
+ExpectationOutcome evaluate_expectation(const Expectation& expectation, const nlohmann::ordered_json& result);
+
+}  // namespace gradflow

@@ -1,0 +1,111 @@
+// `gradflow merge`: the cells of one or more sweep directories (shards) as one sweep document,
+// with the cross-depth fits; refuses shards whose configurations disagree.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "commands.hpp"
+#include "gradflow/errors.hpp"
+#include "gradflow/report.hpp"
+#include "gradflow/sweep.hpp"
+
+namespace gradflow::cli {
+
+namespace {
+using json = nlohmann::ordered_json;
+
+struct MergeOptions {
+  std::vector<std::string> directories;
+  std::string output;
+  std::string format = "json";
+};
+
+// Cell config fields that must equal the manifest's shared model options.
+constexpr const char* kSharedFields[] = {"block",     "heads",  "seq",    "norm",      "init",
+                                         "precision", "branch", "probes", "input_corr"};
+
+int run_merge(const MergeOptions& options) {
+  std::vector<json> manifests;
+  for (const auto& directory : options.directories) {
+    const std::string path = (std::filesystem::path(directory) / "sweep.json").string();
+    if (!std::filesystem::exists(path)) {
+      throw InputError(
+          fmt::format("{}: missing; {} is not a gradflow sweep directory (run 'gradflow sweep -o {}')", path,
+                      directory, directory));
+    }
+    manifests.push_back(read_json_file(path));
+    grid_from_manifest(manifests.back(), path);  // validates its shape
+  }
+  for (std::size_t i = 1; i < manifests.size(); ++i) {
+    for (const char* section : {"grid", "model"}) {
+      const std::string difference = first_difference(manifests.front().at(section), manifests[i].at(section),
+                                                      std::string(section) + ".");
+      if (!difference.empty()) {
+        throw InputError(
+            fmt::format("the shards disagree on {} (in {} vs {}); merge only shards of one sweep", difference,
+                        options.directories.front(), options.directories[i]));
+      }
+    }
+  }
+  const json& manifest = manifests.front();
+  const SweepGrid grid = grid_from_manifest(manifest, options.directories.front());
+  std::vector<json> cells;
+  std::vector<std::string> missing;
+  for (const SweepCell& cell : sweep_cells(grid)) {
+    bool found = false;
+    for (const auto& directory : options.directories) {
+      const std::string path = (std::filesystem::path(directory) / "cells" / cell_file_name(cell)).string();
+      if (!std::filesystem::exists(path)) continue;
+      json doc = read_json_file(path);
+      const json& config = doc.at("runs").at(0).at("config");
+      for (const char* field : kSharedFields) {
+        if (config.at(field) != manifest.at("model").at(field)) {
+          throw InputError(fmt::format("{} has {} {} but the sweep has {} {}; it belongs to another sweep",
+                                       path, field, config.at(field).dump(), field,
+                                       manifest.at("model").at(field).dump()));
+        }
+      }
+      cells.push_back(std::move(doc));
+      found = true;
+      break;
+    }
+    if (!found) missing.push_back(cell_file_name(cell));
+  }
+  if (!missing.empty()) {
+    throw InputError(
+        fmt::format("{} of {} cells are missing from {} (first: {}); run the missing shards, or rerun "
+                    "'gradflow sweep' with the same options on a shard's DIR to finish it",
+                    missing.size(), missing.size() + cells.size(), fmt::join(options.directories, ", "),
+                    missing.front()));
+  }
+  const json document = sweep_document(manifest, cells);
+  if (options.format == "csv") {
+    std::ostringstream text;
+    write_sweep_csv(document, text);
+    write_file_atomically(options.output, text.str());
+  } else {
+    write_file_atomically(options.output, document.dump() + "\n");
+  }
+  return 0;
+}
+}  // namespace
+
+Command setup_merge(CLI::App& app) {
+  auto options = std::make_shared<MergeOptions>();
+  CLI::App* sub =
+      app.add_subcommand("merge", "Combine sweep directories (shards) into one sweep document with the fits");
+  sub->option_defaults()->always_capture_default();
+  sub->add_option("DIR", options->directories, "Sweep directories (each with sweep.json and cells/)")
+      ->required();
+  sub->add_option("-o,--output", options->output, "Write to FILE (whole or not at all)")
+      ->default_str("stdout");
+  sub->add_option(
+         "--format", options->format,
+         "json: the sweep document (as sweep's summary.json, byte for byte); csv: one row per cell with its "
+         "summary figures (per-state arrays stay in the cell files)")
+      ->check(CLI::IsMember({"json", "csv"}));
+  return {sub, [options] { return run_merge(*options); }};
+}
+
+}  // namespace gradflow::cli

@@ -1,0 +1,95 @@
+// The model flags that analyze and sweep share, and the up-front refusals both apply.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "commands.hpp"
+#include "gradflow/errors.hpp"
+
+namespace gradflow::cli {
+
+void add_model_options(CLI::App* sub, ModelOptions& options) {
+  ModelConfig& m = options.model;
+  sub->add_option("--heads", m.heads, "Attention heads (must divide --width)");
+  sub->add_option("--seq", m.seq, "Sequence length T (tokens)");
+  sub->add_option("--block", options.block, "Sublayers per block: attn-ffn (2), ffn (1) or attn (1)")
+      ->check(CLI::IsMember({"attn-ffn", "ffn", "attn"}));
+  sub->add_option("--norm", options.norm,
+                  "Normalisation: rms (RMSNorm), layer (LayerNorm) or dyt (DyT, alpha 0.5)")
+      ->check(CLI::IsMember({"rms", "layer", "dyt"}));
+  sub->add_option(
+         "--init", options.init,
+         "Base init: xavier, gpt2 (0.02, out-proj / sqrt(2B)) or small (sqrt(2/5d), out-proj / sqrt(2B))")
+      ->check(CLI::IsMember({"xavier", "gpt2", "small"}));
+  sub->add_option("--precision", options.precision,
+                  "Arithmetic: f32 or f64 (gradient logs are always accumulated in double)")
+      ->check(CLI::IsMember({"f32", "f64"}));
+  sub->add_option("--alpha", m.alpha,
+                  "Override the skip weight a of deepnorm, deepnorm-glm or keel (default: the paper's constant)")
+      ->default_str("paper's constant");
+  sub->add_option("--keel-variant", m.keel_variant, "Keel's first sublayers: v2 (paper v2) or v1");
+  sub->add_option("--mix-ratio", m.mix_ratio, "mix-ln: fraction r of blocks (the first floor(r B)) that are post-ln");
+  sub->add_option("--rezero-alpha", m.rezero_alpha, "rezero: the branch weight a (default 0, as at init)")
+      ->default_str("0");
+  sub->add_option("--probes", m.probes, "Random probes U per seed (per-state figures are RMS over probes)");
+  sub->add_option("--input-corr", m.input_corr, "Correlation r of the input tokens, in [0, 1]");
+  sub->add_flag("--ideal-branch", options.ideal_branch,
+                "Replace every branch F by a 90-degree rotation within coordinate pairs (the closed forms' "
+                "idealised branch)");
+}
+
+ModelConfig resolve_model(const ModelOptions& options) {
+  ModelConfig model = options.model;
+  if (options.ideal_branch) model.branch = BranchKind::rotation;
+  model.block = parse_block_kind(options.block);
+  model.norm = parse_norm_kind(options.norm);
+  model.init = parse_init_kind(options.init);
+  model.precision = parse_precision(options.precision);
+  validate(model);
+  return model;
+}
+
+namespace {
+// The placements whose skip weight --alpha overrides.
+std::vector<std::string_view> alpha_placements() {
+  std::vector<std::string_view> ids;
+  for (const Architecture& arch : architectures()) {
+    if (arch.accepts_alpha) ids.push_back(arch.id);
+  }
+  return ids;
+}
+}  // namespace
+
+void check_alpha_applies(const ModelConfig& model, const std::vector<const Architecture*>& archs,
+                         const std::string& arch_list) {
+  if (!model.alpha) return;
+  bool any = false;
+  for (const Architecture* arch : archs) any = any || arch->accepts_alpha;
+  if (!any) {
+    throw InputError(
+        fmt::format("--alpha {} does not apply to {}; it sets the skip weight of {}", *model.alpha, arch_list,
+                    fmt::join(alpha_placements(), ", ")));
+  }
+  for (const Architecture* arch : archs) {
+    if (!arch->accepts_alpha)
+      fmt::print(stderr, "gradflow: warning: --alpha does not apply to {}; ignored there\n", arch->id);
+  }
+}
+
+void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent) {
+  std::uint64_t needed = 0;
+  for (const Architecture* arch : archs) {
+    needed = std::max(needed, estimated_memory_bytes(model, static_cast<int>(arch->streams.size())));
+  }
+  needed *= static_cast<std::uint64_t>(concurrent);
+  const std::uint64_t available = available_memory_bytes();
+  if (available > 0 && needed > available) {
+    throw InputError(fmt::format(
+        "this configuration needs about {:.1f} GB (depth {}, width {}, seq {}, {}, {} run(s) at once) but "
+        "the machine has "
+        "{:.1f} GB available; reduce --depth, --width or --seq, use --precision f32, or --threads 1",
+        needed / 1e9, model.blocks, model.width, model.seq, to_string(model.precision), concurrent,
+        available / 1e9));
+  }
+}
+
+}  // namespace gradflow::cli

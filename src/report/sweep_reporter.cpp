@@ -1,0 +1,187 @@
+// Sweep documents: per-cell files (analyze documents without timing), the manifest every shard
+// shares, and the merged document with the cross-depth fits (metrics.md, "A depth sweep fits the
+// same slope across depths").
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "gradflow/errors.hpp"
+#include "gradflow/report.hpp"
+
+namespace gradflow {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+json number(double value) {
+  return std::isfinite(value) ? json(value) : json(nullptr);
+}
+
+json numbers(const std::vector<double>& values) {
+  json out = json::array();
+  for (double v : values) out.push_back(number(v));
+  return out;
+}
+
+double to_double(const json& value) {
+  return value.is_number() ? value.get<double>() : std::nan("");
+}
+
+json bootstrap_to_json(const BootstrapFit& fit) {
+  return {{"value", number(fit.slope)},
+          {"ci95_low", number(fit.ci95_low)},
+          {"ci95_high", number(fit.ci95_high)},
+          {"depths_fitted", fit.depths}};
+}
+
+constexpr const char* kCellOrder =
+    "arch (as given), then depth, width, seed; shard i/n takes positions p with p % n == i";
+}  // namespace
+
+json cell_document(const ArchResult& result) {
+  AnalysisReport report;
+  report.results.push_back(result);
+  json doc = report_to_json(report);
+  doc.erase("threads");
+  doc.erase("timing");
+  for (auto& run : doc["runs"]) {
+    for (auto& seed : run["seeds"]) seed.erase("timing");
+  }
+  return doc;
+}
+
+json sweep_model_to_json(const ModelConfig& c) {
+  json model = {{"block", to_string(c.block)},
+                {"heads", c.heads},
+                {"seq", c.seq},
+                {"norm", to_string(c.norm)},
+                {"norm_eps", kNormEps},
+                {"init", to_string(c.init)},
+                {"precision", to_string(c.precision)},
+                {"branch", to_string(c.branch)},
+                {"probes", c.probes},
+                {"input_corr", c.input_corr},
+                {"alpha", c.alpha ? json(*c.alpha) : json("paper's constant")},
+                {"keel_variant", c.keel_variant}};
+  if (c.norm == NormKind::dyt) model["dyt_alpha"] = kDytAlpha;
+  return model;
+}
+
+json sweep_manifest(const SweepGrid& grid, const ModelConfig& config) {
+  return {{"schema_version", kSchemaVersion},
+          {"tool", {{"name", "gradflow"}, {"version", GRADFLOW_VERSION}}},
+          {"command", "sweep"},
+          {"grid",
+           {{"archs", grid.archs},
+            {"depths", grid.depths},
+            {"widths", grid.widths},
+            {"seeds", grid.seeds},
+            {"cell_order", kCellOrder}}},
+          {"model", sweep_model_to_json(config)}};
+}
+
+SweepGrid grid_from_manifest(const json& manifest, const std::string& origin) {
+  try {
+    const json& grid = manifest.at("grid");
+    SweepGrid out;
+    out.archs = grid.at("archs").get<std::vector<std::string>>();
+    out.depths = grid.at("depths").get<std::vector<int>>();
+    out.widths = grid.at("widths").get<std::vector<int>>();
+    out.seeds = grid.at("seeds").get<int>();
+    return out;
+  } catch (const json::exception& error) {
+    throw InputError(fmt::format("{}: not a gradflow sweep manifest ({})", origin, error.what()));
+  }
+}
+
+CellFigures cell_figures(const json& cell, const std::string& origin) {
+  try {
+    const json& run = cell.at("runs").at(0);
+    const json& config = run.at("config");
+    const json& seed = run.at("seeds").at(0);
+    CellFigures figures;
+    figures.cell = {config.at("arch").get<std::string>(), config.at("blocks").get<int>(),
+                    config.at("width").get<int>(), seed.at("seed").get<std::uint64_t>()};
+    figures.sublayers = config.at("sublayers").get<int>();
+    const json& rms = seed.at("states").at("rms");
+    figures.rms_final = to_double(rms.at(rms.size() - 1));
+    figures.log10_grad_ratio = to_double(seed.at("summary").at("log10_grad_ratio"));
+    return figures;
+  } catch (const json::exception& error) {
+    throw InputError(fmt::format("{}: not a gradflow cell document ({})", origin, error.what()));
+  }
+}
+
+json sweep_document(const json& manifest, const std::vector<json>& cells) {
+  const SweepGrid grid = grid_from_manifest(manifest, "manifest");
+  json rows = json::array();
+  std::vector<CellFigures> figures;
+  for (const json& cell : cells) {
+    const CellFigures f = cell_figures(cell, "cell");
+    const json& summary = cell["runs"][0]["seeds"][0]["summary"];
+    rows.push_back({{"arch", f.cell.arch},
+                    {"blocks", f.cell.depth},
+                    {"sublayers", f.sublayers},
+                    {"width", f.cell.width},
+                    {"seed", f.cell.seed},
+                    {"file", "cells/" + cell_file_name(f.cell)},
+                    {"rms_final", number(f.rms_final)},
+                    {"log10_grad_ratio", summary["log10_grad_ratio"]},
+                    {"growth_exponent", summary["growth_exponent"]},
+                    {"growth_class", summary["growth_class"]},
+                    {"gain_min", summary["gain_min"]},
+                    {"gain_max", summary["gain_max"]},
+                    {"diverged", summary["diverged"]}});
+    figures.push_back(f);
+  }
+  json fits = json::array();
+  for (const SweepFit& fit : fit_sweep(grid, figures)) {
+    json ratio_slope = bootstrap_to_json(fit.grad_ratio_slope);
+    ratio_slope["unit"] = "decades per sublayer";
+    fits.push_back({{"arch", fit.arch},
+                    {"width", fit.width},
+                    {"blocks", fit.depths},
+                    {"sublayers", fit.sublayers},
+                    {"rms_final_geometric_mean", numbers(fit.mean_rms_final)},
+                    {"log10_grad_ratio_mean", numbers(fit.mean_log10_grad_ratio)},
+                    {"growth_exponent", bootstrap_to_json(fit.growth_exponent)},
+                    {"growth_class", fit.growth_class},
+                    {"log10_grad_ratio_slope", ratio_slope}});
+  }
+  json doc = manifest;
+  doc["cells"] = rows;
+  doc["summary"] = {
+      {"method",
+       "per (arch, width): growth_exponent = least-squares slope of the per-depth mean of log rms(x_S) over "
+       "seeds "
+       "against log S; log10_grad_ratio_slope = slope of the per-depth mean log10_grad_ratio against S; "
+       "growth_class = growth_class(growth_exponent) (metrics.md)"},
+      {"bootstrap",
+       {{"resamples", kBootstrapResamples},
+        {"seed", kBootstrapSeed},
+        {"interval",
+         "95% percentile interval; seeds resampled with replacement (one draw for all depths), then "
+         "refitted"}}},
+      {"fits", fits}};
+  return doc;
+}
+
+void write_sweep_csv(const json& sweep, std::ostream& out) {
+  static const char* kColumns[] = {"arch",      "blocks",           "sublayers",       "width",       "seed",
+                                   "rms_final", "log10_grad_ratio", "growth_exponent", "growth_class"};
+  for (const char* name : kColumns) out << name << ',';
+  out << "gain_min,gain_min_sublayer,gain_max,gain_max_sublayer,diverged_sublayer\r\n";
+  const auto text = [](const json& value) {
+    if (value.is_null()) return std::string();
+    if (value.is_string()) return value.get<std::string>();
+    return value.dump();
+  };
+  for (const json& row : sweep.at("cells")) {
+    for (const char* name : kColumns) out << text(row.at(name)) << ',';
+    out << text(row["gain_min"]["value"]) << ',' << text(row["gain_min"]["sublayer"]) << ','
+        << text(row["gain_max"]["value"]) << ',' << text(row["gain_max"]["sublayer"]) << ','
+        << (row["diverged"].is_null() ? std::string() : text(row["diverged"]["sublayer"])) << "\r\n";
+  }
+}
+
+}  // namespace gradflow
