@@ -57,6 +57,12 @@ struct SublayerWeights {
 // Squared Frobenius norms of dL/dW summed over the sublayer's matrices, one entry per probe.
 using ParamGradSquares = std::vector<double>;
 
+// ||X^T dY||_F^2 for dW = X^T dY without forming dW: <X X^T, dY dY^T>_F, with (T, T) Gram
+// matrices, 4-16x fewer FLOPs than the product at T = 64. input_gram = X X^T, precomputed once
+// per input (W_Q, W_K and W_V share theirs); d_output holds one probe's (T, n) rows.
+template <typename Scalar>
+double weight_grad_squared_norm(const Mat<Scalar>& input_gram, const Eigen::Ref<const Mat<Scalar>>& d_output);
+
 // ---------------------------------------------------------------------------------------------
 // Causal multi-head attention (Vaswani et al. 2017, arXiv 1706.03762, Eq. 1):
 //   out = concat_h softmax(mask(Q_h K_h^T * score_scale)) V_h  W_O,   Q = x W_Q, K = x W_K, V = x W_V,

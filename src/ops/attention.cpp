@@ -103,23 +103,24 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, 
     }
   }
   if (param_grads) param_grads->assign(probes, 0.0);
-  const auto add_param_grad = [&](const Mat<Scalar>& input, const Mat<Scalar>& d_output) {
+  Mat<Scalar> x_gram;  // W_Q, W_K and W_V share their input x
+  if (param_grads) x_gram.noalias() = x * x.transpose();
+  const auto add_param_grad = [&](const Mat<Scalar>& input_gram, const Mat<Scalar>& d_output) {
     if (!param_grads) return;
     for (Eigen::Index k = 0; k < probes; ++k) {
-      const Mat<Scalar> d_weight = input.transpose() * d_output.middleRows(k * tokens, tokens);
-      (*param_grads)[k] += static_cast<double>(d_weight.squaredNorm());
+      (*param_grads)[k] += weight_grad_squared_norm<Scalar>(input_gram, d_output.middleRows(k * tokens, tokens));
     }
   };
-  add_param_grad(cache.context, d_out);
+  if (param_grads) add_param_grad(cache.context * cache.context.transpose(), d_out);
   const auto& d_q_raw = projection_backward(options, false, cache.q, cache.q_inv, cache.d_q, cache.d_raw);
   dx.noalias() += d_q_raw * w.w_q.transpose();
-  add_param_grad(x, d_q_raw);
+  add_param_grad(x_gram, d_q_raw);
   const auto& d_k_raw = projection_backward(options, false, cache.k, cache.k_inv, cache.d_k, cache.d_raw);
   dx.noalias() += d_k_raw * w.w_k.transpose();
-  add_param_grad(x, d_k_raw);
+  add_param_grad(x_gram, d_k_raw);
   const auto& d_v_raw = projection_backward(options, true, cache.v, cache.v_inv, cache.d_v, cache.d_raw);
   dx.noalias() += d_v_raw * w.w_v.transpose();
-  add_param_grad(x, d_v_raw);
+  add_param_grad(x_gram, d_v_raw);
 }
 
 template <typename Scalar>

@@ -34,6 +34,12 @@ void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx)
 }
 
 template <typename Scalar>
+double weight_grad_squared_norm(const Mat<Scalar>& input_gram, const Eigen::Ref<const Mat<Scalar>>& d_output) {
+  const Mat<Scalar> output_gram = d_output * d_output.transpose();  // (T, T)
+  return (input_gram.template cast<double>().array() * output_gram.template cast<double>().array()).sum();
+}
+
+template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, Mat<Scalar>& out) {
   cache.hidden_pre.noalias() = x * w.w_1;  // (T, 4d)
   gelu_forward(cache.hidden_pre, cache.hidden);
@@ -51,10 +57,10 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
   if (param_grads) {
     const Eigen::Index probes = d_out.rows() / tokens;
     param_grads->assign(probes, 0.0);
+    const Mat<Scalar> hidden_gram = cache.hidden * cache.hidden.transpose(), x_gram = x * x.transpose();
     for (Eigen::Index k = 0; k < probes; ++k) {
-      const Mat<Scalar> d_w2 = cache.hidden.transpose() * d_out.middleRows(k * tokens, tokens);
-      const Mat<Scalar> d_w1 = x.transpose() * cache.d_hidden_pre.middleRows(k * tokens, tokens);
-      (*param_grads)[k] = static_cast<double>(d_w2.squaredNorm()) + static_cast<double>(d_w1.squaredNorm());
+      (*param_grads)[k] = weight_grad_squared_norm<Scalar>(hidden_gram, d_out.middleRows(k * tokens, tokens)) +
+                          weight_grad_squared_norm<Scalar>(x_gram, cache.d_hidden_pre.middleRows(k * tokens, tokens));
     }
   }
 }
@@ -85,6 +91,7 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
 }
 
 #define GRADFLOW_INSTANTIATE_FFN(Scalar)                                                                          \
+  template double weight_grad_squared_norm<Scalar>(const Mat<Scalar>&, const Eigen::Ref<const Mat<Scalar>>&);   \
   template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                           \
   template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);                      \
   template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&,        \
