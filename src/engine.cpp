@@ -245,13 +245,14 @@ class Analysis {
     return BranchContext<Scalar>{ctx.kind, config_.branch, config_.norm, config_.heads, nullptr};
   }
 
-  // Builds sublayer l's graph with its weights in weight_buffers_[l % 2] (generated here unless a
-  // prefetch already did; call only while no prefetch is in flight).
-  BranchContext<Scalar> prepare_sublayer(int l) {
+  // Builds sublayer l's graph in pipeline slot `slot` with its weights in weight_buffers_[l % 2]
+  // (generated here unless a prefetch already did).
+  BranchContext<Scalar> prepare_sublayer(int l, int slot = 0) {
     ensure_weights(l);
     const SublayerContext ctx = context(l);
-    graph_.reset(static_cast<int>(states_[l].size()));
-    arch_.build_sublayer(graph_, ctx);
+    SublayerGraph& graph = graphs_[slot];
+    graph.reset(static_cast<int>(states_[l].size()));
+    arch_.build_sublayer(graph, ctx);
     BranchContext<Scalar> branch = branch_context(ctx);
     branch.weights = &weight_buffers_[l % 2];
     return branch;
@@ -265,17 +266,31 @@ class Analysis {
     loaded_[l % 2] = l;
   }
 
-  // Runs `work` while the prefetch thread generates sublayer `next`'s weights. Weights are pure
-  // functions of (seed, sublayer, matrix), so the overlap cannot change any number.
+  // What the second thread prepares for sublayer `next` while this one works on the current one:
+  // in the forward pass its weights; in the backward pass also its recomputed activations, in
+  // pipeline slot next % 2 (the current sublayer uses the other slot and weight buffer).
+  enum class Prefetch { weights, activations };
+
+  void prefetch(int next, Prefetch what) {
+    if (next < 0 || next >= sublayers_) return;
+    if (what == Prefetch::weights) return ensure_weights(next);
+    const int slot = next % 2;
+    branches_[slot] = prepare_sublayer(next, slot);
+    executors_[slot].forward(graphs_[slot], states_[next], branches_[slot]);
+  }
+
+  // Runs `work` while the prefetch thread prepares sublayer `next`. Everything prepared is a pure
+  // function of the stored states and (seed, sublayer, matrix), so the overlap changes no number.
   template <typename Work>
-  void with_prefetch(int next, Work&& work) {
+  void with_prefetch(int next, Prefetch what, Work&& work) {
     if (!prefetch_thread_.joinable()) {
       work();
-      return ensure_weights(next);
+      return prefetch(next, what);
     }
     {
       std::lock_guard lock(prefetch_mutex_);
       prefetch_request_ = next;
+      prefetch_what_ = what;
     }
     prefetch_wakeup_.notify_one();
     work();
@@ -289,8 +304,10 @@ class Analysis {
     for (;;) {
       prefetch_wakeup_.wait(lock, [&] { return prefetch_request_ != kNoRequest; });
       if (prefetch_request_ == kStop) return;
+      const int next = prefetch_request_;
+      const Prefetch what = prefetch_what_;
       lock.unlock();
-      ensure_weights(prefetch_request_);
+      prefetch(next, what);
       lock.lock();
       prefetch_request_ = kNoRequest;
       prefetch_wakeup_.notify_one();
@@ -349,9 +366,6 @@ class Analysis {
 
   void record_state_rms(int l) {
     result_.states.at("rms")[l] = state_rms(states_[l]);
-    const Eigen::MatrixXd rows = token_rows(states_[l], states_[l].size());
-    result_.states.at("token_cos")[l] = mean_token_cosine(unit_rows(rows));
-    result_.states.at("erank")[l] = effective_rank(rows);
     for (std::size_t s = 0; s < states_[l].size(); ++s) {
       result_.streams[s].states.at("rms")[l] = std::sqrt(squared_norm(states_[l][s]) / states_[l][s].size());
     }
@@ -375,7 +389,7 @@ class Analysis {
       if (arch_.profiles_skip_weight && arch_.skip_gain_theory) {  // w_l is known from here on
         skip_gain_theory[l] = arch_.skip_gain_theory(context(l)).value_or(kNaN);
       }
-      with_prefetch(l + 1, [&] { executor_.forward(graph_, states_[l], branch); });
+      with_prefetch(l + 1, Prefetch::weights, [&] { executor_.forward(graph_, states_[l], branch); });
       State<Scalar>& next = states_[l + 1];
       next.resize(graph_.outputs().size());
       for (std::size_t s = 0; s < next.size(); ++s) next[s] = executor_.value(graph_.outputs()[s]);
@@ -393,13 +407,30 @@ class Analysis {
             l, "forward",
             fmt::format("state x_{} has non-finite entries (overflow in {}); figures after sublayer {} are null",
                         l + 1, to_string(config_.precision), l)};
+        representation_figures(l);
         return false;
       }
       record_state_rms(l + 1);
-      record_angle(l);
       report_progress(l + 1);
     }
+    representation_figures(sublayers_);
     return true;
+  }
+
+  // token_cos and erank of states 0..last and the angles of the sublayers between them: pure
+  // functions of the stored states, so computed after the forward pass, on every thread (each
+  // index is written by exactly one iteration, whichever thread runs it).
+  void representation_figures(int last) {
+    auto& token_cos = result_.states.at("token_cos");
+    auto& erank = result_.states.at("erank");
+    const bool parallel = omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel for schedule(dynamic, 16) if (parallel)
+    for (int l = 0; l <= last; ++l) {
+      const Eigen::MatrixXd rows = token_rows(states_[l], states_[l].size());
+      token_cos[l] = mean_token_cosine(unit_rows(rows));
+      erank[l] = effective_rank(rows);
+      if (l < last) record_angle(l);
+    }
   }
 
   // angle and block influence of sublayer l, over the streams both states have: angular distance
@@ -513,15 +544,15 @@ class Analysis {
     auto& skip_gain = result_.sublayers.at("skip_gain");
     auto& branch_gain = result_.sublayers.at("branch_gain");
     std::vector<double> weight(probes);
+    prefetch(sublayers_ - 1, Prefetch::activations);  // recompute the top sublayer's activations
     for (int l = sublayers_ - 1; l >= 0; --l) {
-      const auto branch = prepare_sublayer(l);
-      with_prefetch(l - 1, [&] {
-        executor_.forward(graph_, states_[l], branch);  // recompute the activations
-        executor_.backward(graph_, gradient_, false, branch, skip_part_);
-        executor_.backward(graph_, gradient_, true, branch, previous_,
-                           config_.branch == BranchKind::model ? &param_grads_ : nullptr);
+      const int slot = l % 2;
+      with_prefetch(l - 1, Prefetch::activations, [&] {
+        executors_[slot].backward(graphs_[slot], gradient_, false, branches_[slot], skip_part_);
+        executors_[slot].backward(graphs_[slot], gradient_, true, branches_[slot], previous_,
+                                  config_.branch == BranchKind::model ? &param_grads_ : nullptr);
       });
-      record_contribution(l);
+      record_contribution(l, slot);
       // Probe-RMS gains: each probe weighted by its true squared norm at state l+1.
       const double top = *std::max_element(log_scale_.begin(), log_scale_.end());
       double total = 0, total_skip = 0, total_branch = 0, weights = 0;
@@ -730,10 +761,10 @@ class Analysis {
   // At sublayer l after the full backward, while log_scale_ still holds state l+1's scales:
   // the output contribution <dL/d update, update> per probe, log10_param_grad, and (additive
   // placements) the update's share of the exact decomposition of x_S.
-  void record_contribution(int l) {
+  void record_contribution(int l, int slot) {
     const int probes = config_.probes, tokens = config_.seq;
-    const auto& update = executor_.value(graph_.update_id());
-    const auto& d_update = executor_.cotangent(graph_.update_id());
+    const auto& update = executors_[slot].value(graphs_[slot].update_id());
+    const auto& d_update = executors_[slot].cotangent(graphs_[slot].update_id());
     const Eigen::MatrixXd update_d = update.template cast<double>();
     for (int k = 0; k < probes; ++k) {
       // The cotangent is probe k's dL/d update divided by exp(log_scale_[k]): keep the log.
@@ -837,14 +868,20 @@ class Analysis {
 
   SeedResult result_;
   std::vector<State<Scalar>> states_;
-  SublayerGraph graph_;
-  GraphExecutor<Scalar> executor_;
+  // Two pipeline slots: the backward pass works on sublayer l in slot l % 2 while sublayer l-1 is
+  // recomputed in the other. Everything else uses slot 0.
+  SublayerGraph graphs_[2];
+  GraphExecutor<Scalar> executors_[2];
+  BranchContext<Scalar> branches_[2];
+  SublayerGraph& graph_ = graphs_[0];
+  GraphExecutor<Scalar>& executor_ = executors_[0];
   SublayerWeights<Scalar> weight_buffers_[2];
   int loaded_[2] = {-1, -1};  // which sublayer's weights each buffer holds
   std::thread prefetch_thread_;
   std::mutex prefetch_mutex_;
   std::condition_variable prefetch_wakeup_;
   int prefetch_request_ = kNoRequest;
+  Prefetch prefetch_what_ = Prefetch::weights;
   State<Scalar> cotangent_out_, gradient_, previous_, skip_part_;
   std::vector<double> log_scale_;  // per probe: log of the true norm of the current gradient
   ParamGradSquares param_grads_;
