@@ -10,6 +10,7 @@ namespace gradflow::archs {
 Architecture depth_mup() {
   Architecture arch;
   arch.id = "depth-mup";
+  arch.additive_stream = true;  // x <- x + update only
   arch.update_rule = "x <- x + (a / sqrt(S)) F(N(x))";
   arch.final_norm = "yes";
   arch.citation = "Yang et al. 2023 \"Tensor Programs VI\", arXiv 2310.02244; Bordelon et al. 2023, arXiv 2309.16620";

@@ -17,6 +17,7 @@ double layerscale_init(int blocks) {
 Architecture layerscale() {
   Architecture arch;
   arch.id = "layerscale";
+  arch.additive_stream = true;  // x <- x + update only
   arch.update_rule = "x <- x + diag(lambda) F(N(x))";
   arch.final_norm = "yes";
   arch.citation = "Touvron et al. 2021 \"Going deeper with Image Transformers\" (CaiT), arXiv 2103.17239";

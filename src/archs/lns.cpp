@@ -15,6 +15,7 @@ double input_scale(int block) { return 1.0 / std::sqrt(block + 1.0); }
 Architecture lns() {
   Architecture arch;
   arch.id = "lns";
+  arch.additive_stream = true;  // x <- x + update only
   arch.update_rule = "x <- x + F(N(x) / sqrt(b+1)), b = block";
   arch.final_norm = "yes";
   arch.citation = "Sun et al. 2025 \"The Curse of Depth\" (LayerNorm Scaling), arXiv 2502.05795; b per authors' code";

@@ -7,6 +7,7 @@ namespace gradflow::archs {
 Architecture olmo2() {
   Architecture arch;
   arch.id = "olmo2";
+  arch.additive_stream = true;  // x <- x + update only
   arch.update_rule = "x <- x + N(F(x)), QK-norm over full q and k";
   arch.final_norm = "yes";
   arch.citation = "OLMo et al. 2024 \"2 OLMo 2 Furious\", arXiv 2501.00656";

@@ -8,6 +8,7 @@ Architecture peri_ln() {
   Architecture arch;
   arch.id = "peri-ln";
   arch.aliases = {"sandwich-ln"};
+  arch.additive_stream = true;  // x <- x + update only
   arch.update_rule = "x <- x + N_out(F(N_in(x)))";
   arch.final_norm = "yes";
   arch.citation = "Kim et al. 2025 \"Peri-LN\", arXiv 2502.02732; Ding et al. 2021 (CogView), arXiv 2105.13290";

@@ -7,6 +7,7 @@ namespace gradflow::archs {
 Architecture rezero() {
   Architecture arch;
   arch.id = "rezero";
+  arch.additive_stream = true;  // x <- x + update only
   arch.update_rule = "x <- x + a F(x), no norm";
   arch.final_norm = "none";
   arch.citation = "Bachlechner et al. 2020 \"ReZero\", arXiv 2003.04887";

@@ -28,6 +28,26 @@ TEST_CASE("pre-ln: the exact decomposition shares plus the input's share sum to 
   }
 }
 
+TEST_CASE("every placement flagged additive decomposes its final stream exactly (float64)") {
+  ModelConfig config;
+  config.blocks = 6;
+  config.width = 16;
+  config.seq = 4;
+  config.precision = Precision::f64;
+  config.rezero_alpha = 0.5;  // a non-trivial rezero stack
+  int additive = 0;
+  for (const Architecture& arch : architectures()) {
+    if (!arch.additive_stream) continue;
+    ++additive;
+    const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 1);
+    const auto& shares = run.sublayers.at("stream_decomposition");
+    const double total = std::accumulate(shares.begin(), shares.end(), run.stream_decomposition_input);
+    CAPTURE(arch.id);
+    CHECK(std::abs(total - 1.0) <= 1e-9);
+  }
+  CHECK(additive == 7);  // pre-ln, peri-ln, olmo2, layerscale, depth-mup, lns, rezero
+}
+
 TEST_CASE("non-additive placements leave the stream decomposition empty") {
   ModelConfig config;
   config.blocks = 2;
