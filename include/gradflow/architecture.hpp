@@ -80,6 +80,11 @@ void scaled_pre_norm(SublayerGraph& g, double skip_weight, double branch_scale);
 // HybridNorm (Zhuo et al. 2025, arXiv 2503.04598): attention x <- x + Attn(x) with per-head
 // q/k/v norm and no input norm; FFN h = N(x), x <- h + FFN(h).
 void hybrid_norm(SublayerGraph& g, SublayerKind kind);
+// x <- x + update as the next state, marking update and sum for branch_rms and stream_share.
+void residual_add(SublayerGraph& g, Value x, Value update);
+// DeepNet's shape, shared by deepnorm and deepnorm-glm (only their constants differ):
+// x <- N(alpha x + F(x)), no final norm, DeepNet init gains, --alpha overrides alpha.
+void deepnet_post_norm(Architecture& arch);
 void final_norm(SublayerGraph& g);                      // y = N(x)
 void identity_output(SublayerGraph& g);                 // y = x
 // The idealised skip factor of a post-norm sublayer with skip weight a: a / sqrt(a^2 + 1)

@@ -13,22 +13,14 @@ Architecture deepnorm() {
   arch.final_norm = "none";
   arch.citation = "Wang et al. 2022 \"DeepNet\", arXiv 2203.00555";
   arch.expected_growth = "bounded";
-  arch.accepts_alpha = true;
   arch.constants = [](const ModelConfig& config) -> Constants {
     const double blocks = config.blocks;
     return {{"alpha", config.alpha.value_or(std::pow(2.0 * blocks, 0.25)),
              config.alpha ? "--alpha" : "(2B)^(1/4)", "blocks"},
             {"beta", std::pow(8.0 * blocks, -0.25), "(8B)^(-1/4)", "blocks"}};
   };
-  arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
-    recipes::post_norm(g, constant_value(ctx.constants, "alpha"));
-  };
-  arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::identity_output(g); };
-  arch.skip_gain_theory = [](const SublayerContext& ctx) -> std::optional<double> {
-    return recipes::post_norm_skip_theory(constant_value(ctx.constants, "alpha"));
-  };
-  // Xavier-normal with gain beta on W_V, W_O, W_1, W_2 and gain 1 on W_Q, W_K (DeepNet Fig. 2).
-  arch.init_gain = recipes::deepnet_init_gain;
+  // x <- N(a x + F(x)); Xavier-normal with gain beta on W_V, W_O, W_1, W_2, gain 1 on W_Q, W_K (DeepNet Fig. 2).
+  recipes::deepnet_post_norm(arch);
   return arch;
 }
 

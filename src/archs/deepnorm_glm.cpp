@@ -14,20 +14,13 @@ Architecture deepnorm_glm() {
   arch.final_norm = "none";
   arch.citation = "Zeng et al. 2022 \"GLM-130B\", arXiv 2210.02414 (DeepNorm variant)";
   arch.expected_growth = "bounded";
-  arch.accepts_alpha = true;
   arch.constants = [](const ModelConfig& config) -> Constants {
     const double blocks = config.blocks;
     return {{"alpha", config.alpha.value_or(std::sqrt(2.0 * blocks)), config.alpha ? "--alpha" : "(2B)^(1/2)", "blocks"},
             {"beta", 1.0 / std::sqrt(2.0 * blocks), "(2B)^(-1/2)", "blocks"}};
   };
-  arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
-    recipes::post_norm(g, constant_value(ctx.constants, "alpha"));
-  };
-  arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::identity_output(g); };
-  arch.skip_gain_theory = [](const SublayerContext& ctx) -> std::optional<double> {
-    return recipes::post_norm_skip_theory(constant_value(ctx.constants, "alpha"));
-  };
-  arch.init_gain = recipes::deepnet_init_gain;
+  // x <- N(a x + F(x)); Xavier-normal with gain beta on W_V, W_O, W_1, W_2, gain 1 on W_Q, W_K (DeepNet Fig. 2).
+  recipes::deepnet_post_norm(arch);
   return arch;
 }
 

@@ -17,9 +17,7 @@ Architecture hybridnorm_star() {
     const Value x = g.input(0);
     const QkvNorm qkv_norm = ctx.kind == SublayerKind::attn ? QkvNorm::per_head_qkv : QkvNorm::none;
     const Value update = g.branch(g.norm(x), qkv_norm);
-    const Value sum = g.add(x, update);
-    g.set_outputs({sum});
-    g.mark_update(update, sum);
+    recipes::residual_add(g, x, update);
   };
   arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::final_norm(g); };
   arch.skip_gain_theory = [](const SublayerContext& ctx) -> std::optional<double> {

@@ -29,9 +29,7 @@ Architecture lns() {
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
     const Value x = g.input(0);
     const Value update = g.branch(g.scale(g.norm(x), input_scale(ctx.block)));
-    const Value sum = g.add(x, update);
-    g.set_outputs({sum});
-    g.mark_update(update, sum);
+    recipes::residual_add(g, x, update);
   };
   arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::final_norm(g); };
   arch.skip_gain_theory = recipes::identity_skip_theory;

@@ -15,9 +15,7 @@ Architecture olmo2() {
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext&) {
     const Value x = g.input(0);
     const Value update = g.norm(g.branch(x, QkvNorm::full_qk));
-    const Value sum = g.add(x, update);
-    g.set_outputs({sum});
-    g.mark_update(update, sum);
+    recipes::residual_add(g, x, update);
   };
   arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::final_norm(g); };
   arch.skip_gain_theory = recipes::identity_skip_theory;

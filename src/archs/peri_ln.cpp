@@ -17,9 +17,7 @@ Architecture peri_ln() {
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext&) {
     const Value x = g.input(0);
     const Value update = g.norm(g.branch(g.norm(x)));
-    const Value sum = g.add(x, update);
-    g.set_outputs({sum});
-    g.mark_update(update, sum);
+    recipes::residual_add(g, x, update);
   };
   arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::final_norm(g); };
   arch.skip_gain_theory = recipes::identity_skip_theory;

@@ -117,10 +117,7 @@ void scaled_pre_norm(SublayerGraph& g, double skip_weight, double branch_scale) 
 void hybrid_norm(SublayerGraph& g, SublayerKind kind) {
   const Value x = g.input(0);
   if (kind == SublayerKind::attn) {
-    const Value update = g.branch(x, QkvNorm::per_head_qkv);
-    const Value sum = g.add(x, update);
-    g.set_outputs({sum});
-    g.mark_update(update, sum);
+    residual_add(g, x, g.branch(x, QkvNorm::per_head_qkv));
     return;
   }
   const Value h = g.norm(x);
@@ -128,6 +125,24 @@ void hybrid_norm(SublayerGraph& g, SublayerKind kind) {
   const Value sum = g.add(h, update);
   g.set_outputs({sum});
   g.mark_update(update, sum);
+}
+
+void residual_add(SublayerGraph& g, Value x, Value update) {
+  const Value sum = g.add(x, update);
+  g.set_outputs({sum});
+  g.mark_update(update, sum);
+}
+
+void deepnet_post_norm(Architecture& arch) {
+  arch.accepts_alpha = true;
+  arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
+    post_norm(g, constant_value(ctx.constants, "alpha"));
+  };
+  arch.build_output = [](SublayerGraph& g, const SublayerContext&) { identity_output(g); };
+  arch.skip_gain_theory = [](const SublayerContext& ctx) -> std::optional<double> {
+    return post_norm_skip_theory(constant_value(ctx.constants, "alpha"));
+  };
+  arch.init_gain = deepnet_init_gain;
 }
 
 void final_norm(SublayerGraph& g) { g.set_outputs({g.norm(g.input(0))}); }

@@ -18,9 +18,7 @@ Architecture rezero() {
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
     const Value x = g.input(0);
     const Value update = g.scale(g.branch(x), constant_value(ctx.constants, "alpha"));
-    const Value sum = g.add(x, update);
-    g.set_outputs({sum});
-    g.mark_update(update, sum);
+    recipes::residual_add(g, x, update);
   };
   arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::identity_output(g); };
   arch.skip_gain_theory = recipes::identity_skip_theory;
