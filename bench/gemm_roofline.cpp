@@ -27,5 +27,6 @@ double best_gflops(int m, int k, int n, int threads, int repeats) {
 int main() {
   const double one = best_gflops(2048, 2048, 2048, 1, 5), two = best_gflops(2048, 2048, 2048, 2, 5);
   const double sublayer = best_gflops(64, 256, 1024, 1, 2000);
-  std::printf("{\"large\": {\"1\": %.1f, \"2\": %.1f}, \"sublayer_shape_1thread\": %.1f}\n", one, two, sublayer);
+  std::printf("{\"large\": {\"1\": %.1f, \"2\": %.1f}, \"sublayer_shape_1thread\": %.1f}\n", one, two,
+              sublayer);
 }

@@ -1,42 +1,57 @@
 // Names of the configuration's closed sets, validation, and the memory estimate.
 #include "gradflow/config.hpp"
 
-#include <cmath>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "gradflow/errors.hpp"
 
 namespace gradflow {
 
-std::string_view to_string(Precision value) { return value == Precision::f32 ? "f32" : "f64"; }
+std::string_view to_string(Precision value) {
+  return value == Precision::f32 ? "f32" : "f64";
+}
 std::string_view to_string(NormKind value) {
   switch (value) {
-    case NormKind::rms: return "rms";
-    case NormKind::layer: return "layer";
-    case NormKind::dyt: return "dyt";
+    case NormKind::rms:
+      return "rms";
+    case NormKind::layer:
+      return "layer";
+    case NormKind::dyt:
+      return "dyt";
   }
   return "?";
 }
 std::string_view to_string(InitKind value) {
   switch (value) {
-    case InitKind::xavier: return "xavier";
-    case InitKind::gpt2: return "gpt2";
-    case InitKind::small: return "small";
+    case InitKind::xavier:
+      return "xavier";
+    case InitKind::gpt2:
+      return "gpt2";
+    case InitKind::small:
+      return "small";
   }
   return "?";
 }
 std::string_view to_string(BlockKind value) {
   switch (value) {
-    case BlockKind::attn_ffn: return "attn-ffn";
-    case BlockKind::ffn: return "ffn";
-    case BlockKind::attn: return "attn";
+    case BlockKind::attn_ffn:
+      return "attn-ffn";
+    case BlockKind::ffn:
+      return "ffn";
+    case BlockKind::attn:
+      return "attn";
   }
   return "?";
 }
-std::string_view to_string(SublayerKind value) { return value == SublayerKind::attn ? "attn" : "ffn"; }
-std::string_view to_string(BranchKind value) { return value == BranchKind::model ? "model" : "rotation"; }
+std::string_view to_string(SublayerKind value) {
+  return value == SublayerKind::attn ? "attn" : "ffn";
+}
+std::string_view to_string(BranchKind value) {
+  return value == BranchKind::model ? "model" : "rotation";
+}
 
 namespace {
 template <typename Enum, std::size_t N>
@@ -59,46 +74,62 @@ NormKind parse_norm_kind(std::string_view name) {
 InitKind parse_init_kind(std::string_view name) {
   return parse_enum("--init", name, {InitKind::xavier, InitKind::gpt2, InitKind::small});
 }
-Precision parse_precision(std::string_view name) { return parse_enum("--precision", name, {Precision::f32, Precision::f64}); }
+Precision parse_precision(std::string_view name) {
+  return parse_enum("--precision", name, {Precision::f32, Precision::f64});
+}
 
 SublayerKind ModelConfig::sublayer_kind(int sublayer) const {
   switch (block) {
-    case BlockKind::attn_ffn: return sublayer % 2 == 0 ? SublayerKind::attn : SublayerKind::ffn;
-    case BlockKind::ffn: return SublayerKind::ffn;
-    case BlockKind::attn: return SublayerKind::attn;
+    case BlockKind::attn_ffn:
+      return sublayer % 2 == 0 ? SublayerKind::attn : SublayerKind::ffn;
+    case BlockKind::ffn:
+      return SublayerKind::ffn;
+    case BlockKind::attn:
+      return SublayerKind::attn;
   }
   return SublayerKind::ffn;
 }
 
 void validate(const ModelConfig& config) {
-  if (config.blocks < 1) throw InputError(fmt::format("--depth {} must be at least 1 block; try --depth 64", config.blocks));
-  if (config.width < 1) throw InputError(fmt::format("--width {} must be positive; try --width 256", config.width));
-  if (config.heads < 1) throw InputError(fmt::format("--heads {} must be positive; try --heads 4", config.heads));
+  if (config.blocks < 1)
+    throw InputError(fmt::format("--depth {} must be at least 1 block; try --depth 64", config.blocks));
+  if (config.width < 1)
+    throw InputError(fmt::format("--width {} must be positive; try --width 256", config.width));
+  if (config.heads < 1)
+    throw InputError(fmt::format("--heads {} must be positive; try --heads 4", config.heads));
   if (config.width % config.heads != 0) {
     const int suggestion = (config.width / config.heads + 1) * config.heads;
-    throw InputError(fmt::format("--width {} is not divisible by --heads {}; try --width {}", config.width, config.heads,
-                                 suggestion));
+    throw InputError(fmt::format("--width {} is not divisible by --heads {}; try --width {}", config.width,
+                                 config.heads, suggestion));
   }
-  if (config.seq < 1) throw InputError(fmt::format("--seq {} must be at least 1 token; try --seq 64", config.seq));
-  if (config.probes < 1) throw InputError(fmt::format("--probes {} must be at least 1; try --probes 1", config.probes));
+  if (config.seq < 1)
+    throw InputError(fmt::format("--seq {} must be at least 1 token; try --seq 64", config.seq));
+  if (config.probes < 1)
+    throw InputError(fmt::format("--probes {} must be at least 1; try --probes 1", config.probes));
   if (config.alpha && !(*config.alpha > 0.0)) {
-    throw InputError(fmt::format("--alpha {} must be positive; omit it to use the placement's own constant", *config.alpha));
+    throw InputError(fmt::format("--alpha {} must be positive; omit it to use the placement's own constant",
+                                 *config.alpha));
   }
   if (config.input_corr < 0.0 || config.input_corr > 1.0) {
-    throw InputError(fmt::format("--input-corr {} must lie in [0, 1]; try --input-corr 0.5", config.input_corr));
+    throw InputError(
+        fmt::format("--input-corr {} must lie in [0, 1]; try --input-corr 0.5", config.input_corr));
   }
   if (config.keel_variant != "v1" && config.keel_variant != "v2") {
-    throw InputError(fmt::format("--keel-variant {:?} is not v1 or v2; try --keel-variant v2", config.keel_variant));
+    throw InputError(
+        fmt::format("--keel-variant {:?} is not v1 or v2; try --keel-variant v2", config.keel_variant));
   }
   if (config.mix_ratio < 0.0 || config.mix_ratio > 1.0) {
-    throw InputError(fmt::format("--mix-ratio {} must lie in [0, 1]; try --mix-ratio 0.25", config.mix_ratio));
+    throw InputError(
+        fmt::format("--mix-ratio {} must lie in [0, 1]; try --mix-ratio 0.25", config.mix_ratio));
   }
   if (config.rezero_alpha && !std::isfinite(*config.rezero_alpha)) {
-    throw InputError(fmt::format("--rezero-alpha {} must be finite; omit it for rezero's a = 0 at init", *config.rezero_alpha));
+    throw InputError(fmt::format("--rezero-alpha {} must be finite; omit it for rezero's a = 0 at init",
+                                 *config.rezero_alpha));
   }
   if (config.angles_all && config.sublayers() > kAnglesMaxSublayers) {
-    throw InputError(fmt::format("--angles all needs O(S^2 T d) work and is limited to {} sublayers, not {}; reduce --depth",
-                                 kAnglesMaxSublayers, config.sublayers()));
+    throw InputError(fmt::format(
+        "--angles all needs O(S^2 T d) work and is limited to {} sublayers, not {}; reduce --depth",
+        kAnglesMaxSublayers, config.sublayers()));
   }
   if (config.spectrum < 0 || config.spectrum > kSpectrumMaxColumns) {
     throw InputError(fmt::format("--spectrum {} must lie in [0, {}]; try --spectrum 4", config.spectrum,
@@ -108,11 +139,12 @@ void validate(const ModelConfig& config) {
     throw InputError(fmt::format(
         "--exact-jacobian takes one backward pass per output coordinate and is limited to seq * width <= {}, "
         "not {} * {} = {}; try --seq 8 --width 16",
-        kExactJacobianMaxEntries, config.seq, config.width, static_cast<long long>(config.seq) * config.width));
+        kExactJacobianMaxEntries, config.seq, config.width,
+        static_cast<long long>(config.seq) * config.width));
   }
   if (config.branch == BranchKind::rotation && config.width % 2 != 0) {
-    throw InputError(fmt::format("--ideal-branch rotation needs an even --width, not {}; try --width {}", config.width,
-                                 config.width + 1));
+    throw InputError(fmt::format("--ideal-branch rotation needs an even --width, not {}; try --width {}",
+                                 config.width, config.width + 1));
   }
 }
 
@@ -125,8 +157,9 @@ std::uint64_t estimated_memory_bytes(const ModelConfig& config, int stream_count
   if (config.spectrum > 0) k = std::max<std::uint64_t>(k, 2ull * config.spectrum);
   if (config.exact_jacobian) k = std::max<std::uint64_t>(k, 2 * t * d);
   const std::uint64_t states = static_cast<std::uint64_t>(config.sublayers() + 1) * stream_count * t * d;
-  const std::uint64_t weights = 2 * 4 * d * d + 2 * d * kFfnMultiple * d;     // forward and backward copies
-  const std::uint64_t working = 24 * k * t * d + 4 * k * t * kFfnMultiple * d  // sublayer values and cotangents
+  const std::uint64_t weights = 2 * 4 * d * d + 2 * d * kFfnMultiple * d;  // forward and backward copies
+  const std::uint64_t working = 24 * k * t * d +
+                                4 * k * t * kFfnMultiple * d  // sublayer values and cotangents
                                 + config.heads * t * t * 2 + 4 * k * t * d * stream_count;
   constexpr std::uint64_t kBaseline = 16ull << 20;  // binary, libraries, result arrays
   return (states + weights + working) * scalar + kBaseline;

@@ -2,21 +2,21 @@
 // the probes with the gradient renormalised at every state and the log of each step's scale
 // accumulated in double (metrics.md, "The probe"). Activations are recomputed per sublayer during
 // the backward pass, so memory is the residual states plus one sublayer's working set.
-#include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <fmt/format.h>
-#include <limits>
-#include <condition_variable>
-#include <mutex>
-#include <numbers>
-#include <numeric>
 #include <omp.h>
-#include <thread>
 
 #include <Eigen/Eigenvalues>
 #include <Eigen/QR>
 #include <Eigen/SVD>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <limits>
+#include <mutex>
+#include <numbers>
+#include <numeric>
+#include <thread>
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/graph.hpp"
@@ -78,7 +78,8 @@ template <typename Scalar>
 Eigen::MatrixXd token_rows(const State<Scalar>& state, std::size_t streams) {
   const Eigen::Index tokens = state.front().rows(), width = state.front().cols();
   Eigen::MatrixXd rows(tokens, static_cast<Eigen::Index>(streams) * width);
-  for (std::size_t s = 0; s < streams; ++s) rows.middleCols(s * width, width) = state[s].template cast<double>();
+  for (std::size_t s = 0; s < streams; ++s)
+    rows.middleCols(s * width, width) = state[s].template cast<double>();
   return rows;
 }
 
@@ -114,7 +115,8 @@ double mean_token_cosine(const Eigen::MatrixXd& unit) {
 double effective_rank(const Eigen::MatrixXd& rows) {
   const Eigen::MatrixXd gram = rows.rows() <= rows.cols() ? Eigen::MatrixXd(rows * rows.transpose())
                                                           : Eigen::MatrixXd(rows.transpose() * rows);
-  const Eigen::VectorXd eigenvalues = Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(gram, Eigen::EigenvaluesOnly).eigenvalues();
+  const Eigen::VectorXd eigenvalues =
+      Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(gram, Eigen::EigenvaluesOnly).eigenvalues();
   const Eigen::ArrayXd singular = eigenvalues.array().max(0.0).sqrt();
   const double total = singular.sum();
   if (!(total > 0)) return kNaN;
@@ -126,7 +128,8 @@ double effective_rank(const Eigen::MatrixXd& rows) {
 }
 
 // Base init (architectures.md "Base initialisation"): the standard deviation of one matrix.
-double base_stddev(const ModelConfig& config, WeightMatrix matrix, Eigen::Index fan_in, Eigen::Index fan_out) {
+double base_stddev(const ModelConfig& config, WeightMatrix matrix, Eigen::Index fan_in,
+                   Eigen::Index fan_out) {
   const bool output_projection = matrix == WeightMatrix::o || matrix == WeightMatrix::down;
   const double depth_scale = output_projection ? 1.0 / std::sqrt(2.0 * config.blocks) : 1.0;
   switch (config.init) {
@@ -162,7 +165,8 @@ void generate_weights(const ModelConfig& config, const Architecture& arch, const
   }
   if (config.weight_nudge && config.weight_nudge->sublayer == ctx.sublayer) {  // test-only hook
     const auto& nudge = *config.weight_nudge;
-    Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2};
+    Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v,
+                               &weights.w_o, &weights.w_1, &weights.w_2};
     matrices[nudge.matrix]->data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
   }
 }
@@ -174,7 +178,8 @@ Mat<Scalar> make_input(const ModelConfig& config, std::uint64_t seed) {
   fill_normal(stream_key(seed, RandomUse::input, 0), Scalar(1), x.data(), static_cast<std::size_t>(x.size()));
   if (config.input_corr > 0.0) {
     Mat<Scalar> shared(1, config.width);
-    fill_normal(stream_key(seed, RandomUse::input, 1), Scalar(1), shared.data(), static_cast<std::size_t>(shared.size()));
+    fill_normal(stream_key(seed, RandomUse::input, 1), Scalar(1), shared.data(),
+                static_cast<std::size_t>(shared.size()));
     x *= static_cast<Scalar>(std::sqrt(1.0 - config.input_corr));
     x.rowwise() += static_cast<Scalar>(std::sqrt(config.input_corr)) * shared.row(0);
   }
@@ -196,10 +201,16 @@ Mat<Scalar> make_probes(const ModelConfig& config, std::uint64_t seed) {
 template <typename Scalar>
 class Analysis {
  public:
-  Analysis(const ModelConfig& config, const Architecture& arch, const Constants& constants, std::uint64_t seed,
-           const ProgressCallback& progress, const Mat<Scalar>* input = nullptr)
-      : config_(config), arch_(arch), constants_(constants), seed_(seed), progress_(progress),
-        sublayers_(config.sublayers()), skip_weights_(sublayers_ + 1, 1.0), input_(input) {}
+  Analysis(const ModelConfig& config, const Architecture& arch, const Constants& constants,
+           std::uint64_t seed, const ProgressCallback& progress, const Mat<Scalar>* input = nullptr)
+      : config_(config),
+        arch_(arch),
+        constants_(constants),
+        seed_(seed),
+        progress_(progress),
+        sublayers_(config.sublayers()),
+        skip_weights_(sublayers_ + 1, 1.0),
+        input_(input) {}
 
   // After run(): probe 0's loss and true (unnormalised) gradient with respect to x_0.
   double loss() const { return loss_; }
@@ -237,8 +248,12 @@ class Analysis {
  private:
   SublayerContext context(int sublayer) const {
     const bool head = sublayer == sublayers_;
-    return SublayerContext{config_, constants_, sublayer, head ? config_.blocks : config_.block_of(sublayer),
-                           head ? SublayerKind::ffn : config_.sublayer_kind(sublayer), skip_weights_[sublayer]};
+    return SublayerContext{config_,
+                           constants_,
+                           sublayer,
+                           head ? config_.blocks : config_.block_of(sublayer),
+                           head ? SublayerKind::ffn : config_.sublayer_kind(sublayer),
+                           skip_weights_[sublayer]};
   }
 
   BranchContext<Scalar> branch_context(const SublayerContext& ctx) const {
@@ -334,7 +349,8 @@ class Analysis {
     for (const char* name : {"rms", "log10_grad", "log10_grad_rel", "log10_grad_se", "token_cos", "erank"}) {
       result_.states.add(name, states);
     }
-    for (int i = 1; i <= config_.spectrum; ++i) result_.states.add(fmt::format("log10_singular_value_{}", i), states);
+    for (int i = 1; i <= config_.spectrum; ++i)
+      result_.states.add(fmt::format("log10_singular_value_{}", i), states);
     if (config_.exact_jacobian) {
       result_.states.add("log10_jacobian_fro_exact", states);
       result_.states.add("log10_jacobian_spectral_exact", states);
@@ -342,12 +358,13 @@ class Analysis {
         result_.states.add(fmt::format("log10_singular_value_{}_exact", i), states);
       }
     }
-    for (const char* name : {"gain", "skip_gain", "branch_gain", "skip_gain_theory", "branch_rms", "stream_share",
-                             "output_share", "output_share_se", "stream_decomposition", "angle", "block_influence",
-                             "log10_param_grad"}) {
+    for (const char* name : {"gain", "skip_gain", "branch_gain", "skip_gain_theory", "branch_rms",
+                             "stream_share", "output_share", "output_share_se", "stream_decomposition",
+                             "angle", "block_influence", "log10_param_grad"}) {
       result_.sublayers.add(name, subs);
     }
-    log_contribution_.assign(static_cast<std::size_t>(sublayers_) * config_.probes, kNaN);  // NaN: not reached
+    log_contribution_.assign(static_cast<std::size_t>(sublayers_) * config_.probes,
+                             kNaN);  // NaN: not reached
     for (const auto name : arch_.streams) {
       StreamFigures stream{std::string(name), {}, {}};
       stream.states.add("rms", states);
@@ -396,7 +413,8 @@ class Analysis {
       const double update_sq = squared_norm(executor_.value(graph_.update_id()));
       branch_rms[l] = std::sqrt(update_sq / executor_.value(graph_.update_id()).size());
       stream_share[l] = std::sqrt(update_sq / squared_norm(executor_.value(graph_.sum_id())));
-      if (profile && arch_.profiles_skip_weight) {  // Admin: w_{l+1}^2 = w_l^2 + Var[F_l] (Liu et al. 2020, Alg. 1)
+      if (profile &&
+          arch_.profiles_skip_weight) {  // Admin: w_{l+1}^2 = w_l^2 + Var[F_l] (Liu et al. 2020, Alg. 1)
         const auto& f = executor_.value(graph_.branch_id());
         const double mean = f.template cast<double>().mean();
         const double variance = squared_norm(f) / f.size() - mean * mean;
@@ -405,8 +423,9 @@ class Analysis {
       if (!all_finite(next)) {
         result_.diverged = Divergence{
             l, "forward",
-            fmt::format("state x_{} has non-finite entries (overflow in {}); figures after sublayer {} are null",
-                        l + 1, to_string(config_.precision), l)};
+            fmt::format(
+                "state x_{} has non-finite entries (overflow in {}); figures after sublayer {} are null",
+                l + 1, to_string(config_.precision), l)};
         representation_figures(l);
         return false;
       }
@@ -473,7 +492,8 @@ class Analysis {
 
   // Renormalises each probe's cotangent to unit norm and returns log(norm) per probe, or false
   // when a probe's norm is zero or not finite.
-  bool renormalise(State<Scalar>& cotangent, std::vector<double>& log_norms, std::vector<double>& stream_norms) {
+  bool renormalise(State<Scalar>& cotangent, std::vector<double>& log_norms,
+                   std::vector<double>& stream_norms) {
     const int probes = config_.probes, tokens = config_.seq;
     const std::size_t streams = cotangent.size();
     log_norms.assign(probes, 0.0);
@@ -489,7 +509,8 @@ class Analysis {
       log_norms[k] = std::log(norm);
       for (std::size_t s = 0; s < streams; ++s) {
         stream_norms[k * streams + s] = std::sqrt(stream_norms[k * streams + s]) / norm;
-        cotangent[s].middleRows(static_cast<Eigen::Index>(k) * tokens, tokens) *= static_cast<Scalar>(1.0 / norm);
+        cotangent[s].middleRows(static_cast<Eigen::Index>(k) * tokens, tokens) *=
+            static_cast<Scalar>(1.0 / norm);
       }
     }
     return true;
@@ -515,7 +536,8 @@ class Analysis {
     const std::size_t streams = states_[l].size();
     for (std::size_t s = 0; s < streams; ++s) {
       std::vector<double> logs(config_.probes);
-      for (int k = 0; k < config_.probes; ++k) logs[k] = log_scale_[k] + std::log(stream_norms[k * streams + s]);
+      for (int k = 0; k < config_.probes; ++k)
+        logs[k] = log_scale_[k] + std::log(stream_norms[k * streams + s]);
       result_.streams[s].states.at("log10_grad")[l] = log_rms(logs) / kLn10;
     }
   }
@@ -530,11 +552,13 @@ class Analysis {
     cotangent_out_.assign(1, make_probes<Scalar>(config_, seed_));
     const auto& output = executor_.value(graph_.outputs().front());
     loss_ = (output.template cast<double>().array() *
-             cotangent_out_[0].topRows(config_.seq).template cast<double>().array()).sum();
+             cotangent_out_[0].topRows(config_.seq).template cast<double>().array())
+                .sum();
     executor_.backward(graph_, cotangent_out_, true, branch_context(head), gradient_);
     std::vector<double> log_norms, stream_norms;
     if (!renormalise(gradient_, log_norms, stream_norms)) {
-      result_.diverged = Divergence{sublayers_, "backward", "the output gradient dL/dx_S is zero or not finite"};
+      result_.diverged =
+          Divergence{sublayers_, "backward", "the output gradient dL/dx_S is zero or not finite"};
       return;
     }
     log_scale_ = log_norms;
@@ -575,7 +599,9 @@ class Analysis {
       if (!renormalise(previous_, log_norms, stream_norms)) {
         result_.diverged = Divergence{
             l, "backward",
-            fmt::format("the gradient through sublayer {} became zero or non-finite; states below {} are null", l, l)};
+            fmt::format(
+                "the gradient through sublayer {} became zero or non-finite; states below {} are null", l,
+                l)};
         return;
       }
       for (int k = 0; k < probes; ++k) log_scale_[k] += log_norms[k];
@@ -605,7 +631,9 @@ class Analysis {
     return branch;
   }
 
-  Eigen::Index entries_per_stream() const { return static_cast<Eigen::Index>(config_.seq) * config_.width; }
+  Eigen::Index entries_per_stream() const {
+    return static_cast<Eigen::Index>(config_.seq) * config_.width;
+  }
 
   Eigen::MatrixXd flatten(const State<Scalar>& block, Eigen::Index columns) const {
     const Eigen::Index per = entries_per_stream();
@@ -637,7 +665,8 @@ class Analysis {
   void exact_jacobian() {
     const Eigen::Index outputs = entries_per_stream();
     State<Scalar> cotangent(1, Mat<Scalar>::Zero(outputs * config_.seq, config_.width));
-    for (Eigen::Index c = 0; c < outputs; ++c) cotangent[0](c * config_.seq + c / config_.width, c % config_.width) = 1;
+    for (Eigen::Index c = 0; c < outputs; ++c)
+      cotangent[0](c * config_.seq + c / config_.width, c % config_.width) = 1;
     auto& fro = result_.states.at("log10_jacobian_fro_exact");
     auto& spectral = result_.states.at("log10_jacobian_spectral_exact");
     double log_scale = 0;
@@ -726,7 +755,8 @@ class Analysis {
     }
     const Eigen::Index kept = std::min<Eigen::Index>(wanted, columns);
     Eigen::MatrixXd u = Eigen::MatrixXd::Zero(outputs, columns);
-    const double tolerance = config_.precision == Precision::f64 ? kSpectrumToleranceF64 : kSpectrumToleranceF32;
+    const double tolerance =
+        config_.precision == Precision::f64 ? kSpectrumToleranceF64 : kSpectrumToleranceF32;
     for (int l = sublayers_; l >= 0; --l) {
       // Start: the previous state's top-k output directions plus fresh random columns. The random
       // part matters: a warm start alone can have exact zeros along a direction (e.g. the final
@@ -745,7 +775,8 @@ class Analysis {
         u = sweep.q * svd.matrixU();
         bool converged = log_singular.size() == estimate.size();
         for (Eigen::Index i = 0; converged && i < std::min<Eigen::Index>(wanted, estimate.size()); ++i) {
-          const double change = estimate[i] == log_singular[i] ? 0.0 : std::abs(estimate[i] - log_singular[i]);
+          const double change =
+              estimate[i] == log_singular[i] ? 0.0 : std::abs(estimate[i] - log_singular[i]);
           converged = change < tolerance;
         }
         log_singular = estimate;
@@ -768,8 +799,10 @@ class Analysis {
     const Eigen::MatrixXd update_d = update.template cast<double>();
     for (int k = 0; k < probes; ++k) {
       // The cotangent is probe k's dL/d update divided by exp(log_scale_[k]): keep the log.
-      const double dot =
-          d_update.middleRows(static_cast<Eigen::Index>(k) * tokens, tokens).template cast<double>().cwiseProduct(update_d).sum();
+      const double dot = d_update.middleRows(static_cast<Eigen::Index>(k) * tokens, tokens)
+                             .template cast<double>()
+                             .cwiseProduct(update_d)
+                             .sum();
       log_contribution_[static_cast<std::size_t>(l) * probes + k] = std::log(std::abs(dot)) + log_scale_[k];
     }
     if (config_.branch == BranchKind::model) {
@@ -801,7 +834,8 @@ class Analysis {
     if (!std::isfinite(top)) return;
     // squares[l][k] = (c_{l,k} / reference)^2
     std::vector<double> squares(log_contribution_.size()), row_sum(sublayers_, 0.0);
-    for (std::size_t i = 0; i < squares.size(); ++i) squares[i] = std::exp(2.0 * (log_contribution_[i] - top));
+    for (std::size_t i = 0; i < squares.size(); ++i)
+      squares[i] = std::exp(2.0 * (log_contribution_[i] - top));
     for (int l = 0; l < sublayers_; ++l) {
       for (int k = 0; k < probes; ++k) row_sum[l] += squares[static_cast<std::size_t>(l) * probes + k];
     }
@@ -810,7 +844,8 @@ class Analysis {
       double total = 0;
       out.resize(sublayers_);
       for (int l = 0; l < sublayers_; ++l) {
-        const double sum = row_sum[l] - (left_out < 0 ? 0.0 : squares[static_cast<std::size_t>(l) * probes + left_out]);
+        const double sum =
+            row_sum[l] - (left_out < 0 ? 0.0 : squares[static_cast<std::size_t>(l) * probes + left_out]);
         out[l] = std::sqrt(std::max(0.0, sum) / count);
         total += out[l];
       }
@@ -827,7 +862,8 @@ class Analysis {
     std::vector<double> mean(sublayers_, 0.0), mean_sq(sublayers_, 0.0), left;
     for (int k = 0; k < probes; ++k) {
       shares(k, left);
-      for (int l = 0; l < sublayers_; ++l) mean[l] += left[l] / probes, mean_sq[l] += left[l] * left[l] / probes;
+      for (int l = 0; l < sublayers_; ++l)
+        mean[l] += left[l] / probes, mean_sq[l] += left[l] * left[l] / probes;
     }
     auto& se = result_.sublayers.at("output_share_se");
     for (int l = 0; l < sublayers_; ++l) {
@@ -840,7 +876,8 @@ class Analysis {
     if (arch_.additive_stream && !result_.diverged) {
       const Mat<Scalar>& top = states_[sublayers_].front();
       result_.stream_decomposition_input =
-          states_[0].front().template cast<double>().cwiseProduct(top.template cast<double>()).sum() / squared_norm(top);
+          states_[0].front().template cast<double>().cwiseProduct(top.template cast<double>()).sum() /
+          squared_norm(top);
     }
     const auto& log10_grad = result_.states.at("log10_grad");
     auto& relative = result_.states.at("log10_grad_rel");
@@ -898,8 +935,8 @@ void append_tensor(std::vector<NamedTensor>& out, std::string name, const Mat<Sc
 }
 
 template <typename Scalar>
-std::vector<NamedTensor> collect_tensors(const ModelConfig& config, const Architecture& arch, const Constants& constants,
-                                         std::uint64_t seed) {
+std::vector<NamedTensor> collect_tensors(const ModelConfig& config, const Architecture& arch,
+                                         const Constants& constants, std::uint64_t seed) {
   std::vector<NamedTensor> tensors;
   const std::int64_t t = config.seq, d = config.width, k = config.probes, hidden = config.ffn_hidden();
   append_tensor(tensors, "input", make_input<Scalar>(config, seed), {t, d});
@@ -952,12 +989,14 @@ Constants resolve_constants(const Architecture& arch, const ModelConfig& config)
 
 SeedResult analyze_seed(const ModelConfig& config, const Architecture& arch, const Constants& constants,
                         std::uint64_t seed, const ProgressCallback& progress) {
-  if (config.precision == Precision::f32) return Analysis<float>(config, arch, constants, seed, progress).run();
+  if (config.precision == Precision::f32)
+    return Analysis<float>(config, arch, constants, seed, progress).run();
   return Analysis<double>(config, arch, constants, seed, progress).run();
 }
 
-InputGradient loss_and_input_gradient(const ModelConfig& config, const Architecture& arch, const Constants& constants,
-                                      std::uint64_t seed, const Eigen::MatrixXd* input) {
+InputGradient loss_and_input_gradient(const ModelConfig& config, const Architecture& arch,
+                                      const Constants& constants, std::uint64_t seed,
+                                      const Eigen::MatrixXd* input) {
   ModelConfig f64 = config;
   f64.precision = Precision::f64;
   const Mat<double> row_major_input = input ? Mat<double>(*input) : make_input<double>(f64, seed);
@@ -967,8 +1006,8 @@ InputGradient loss_and_input_gradient(const ModelConfig& config, const Architect
   return {analysis.loss(), analysis.input_gradient()};
 }
 
-std::vector<NamedTensor> run_tensors(const ModelConfig& config, const Architecture& arch, const Constants& constants,
-                                     std::uint64_t seed) {
+std::vector<NamedTensor> run_tensors(const ModelConfig& config, const Architecture& arch,
+                                     const Constants& constants, std::uint64_t seed) {
   if (config.precision == Precision::f32) return collect_tensors<float>(config, arch, constants, seed);
   return collect_tensors<double>(config, arch, constants, seed);
 }

@@ -16,7 +16,8 @@ void SublayerGraph::reset(int input_count) {
 }
 
 Value SublayerGraph::input(int stream) const {
-  if (stream < 0 || stream >= input_count_) throw std::logic_error("recipe asked for a stream the state lacks");
+  if (stream < 0 || stream >= input_count_)
+    throw std::logic_error("recipe asked for a stream the state lacks");
   return Value{stream};
 }
 
@@ -132,8 +133,8 @@ void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vect
         if (context.branch == BranchKind::rotation) {
           rotation_backward(d_out, d_a);
         } else if (context.kind == SublayerKind::attn) {
-          attention_backward(values_[node.lhs], *context.weights, attention_options(graph, context), attention_, d_out,
-                             d_a, param_grads);
+          attention_backward(values_[node.lhs], *context.weights, attention_options(graph, context),
+                             attention_, d_out, d_a, param_grads);
         } else {
           ffn_backward(values_[node.lhs], *context.weights, ffn_, d_out, d_a, param_grads);
         }
@@ -172,7 +173,8 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
         if (context.branch == BranchKind::rotation) {
           rotation_forward(d_a, d_out);
         } else if (context.kind == SublayerKind::attn) {
-          attention_jvp(values_[node.lhs], *context.weights, attention_options(graph, context), attention_, d_a, d_out);
+          attention_jvp(values_[node.lhs], *context.weights, attention_options(graph, context), attention_,
+                        d_a, d_out);
         } else {
           ffn_jvp(*context.weights, ffn_, d_a, d_out);
         }

@@ -9,7 +9,7 @@ namespace gradflow {
 
 namespace {
 constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // 2^64 / phi, SplitMix64's increment
-constexpr std::size_t kChunkPairs = 512;                   // pairs generated per vectorised chunk
+constexpr std::size_t kChunkPairs = 512;                  // pairs generated per vectorised chunk
 constexpr float kTwoToMinus24 = 1.0f / 16777216.0f;
 
 using ChunkArray = Eigen::Array<float, kChunkPairs, 1>;
@@ -25,10 +25,14 @@ inline TurnSinCos sin_cos_of_turn(float u) {
   const int quadrant = static_cast<int>(quarter_turns);
   const float x = (quarter_turns - static_cast<float>(quadrant)) * (0.5f * std::numbers::pi_v<float>);
   const float x2 = x * x;
-  const float s = x * (1.0f + x2 * (-1.0f / 6 + x2 * (1.0f / 120 + x2 * (-1.0f / 5040 + x2 * (1.0f / 362880 +
-                                                                                         x2 * (-1.0f / 39916800))))));
-  const float c = 1.0f + x2 * (-0.5f + x2 * (1.0f / 24 + x2 * (-1.0f / 720 + x2 * (1.0f / 40320 + x2 * (-1.0f / 3628800 +
-                                                                                                  x2 / 479001600)))));
+  const float s =
+      x * (1.0f +
+           x2 * (-1.0f / 6 +
+                 x2 * (1.0f / 120 + x2 * (-1.0f / 5040 + x2 * (1.0f / 362880 + x2 * (-1.0f / 39916800))))));
+  const float c =
+      1.0f +
+      x2 * (-0.5f + x2 * (1.0f / 24 + x2 * (-1.0f / 720 +
+                                            x2 * (1.0f / 40320 + x2 * (-1.0f / 3628800 + x2 / 479001600)))));
   // Rotate by the quadrant: (sin, cos) -> (cos, -sin) per quarter turn.
   const bool odd = (quadrant & 1) != 0;
   const float sin_abs = odd ? c : s, cos_abs = odd ? s : c;

@@ -21,7 +21,8 @@ LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y) {
   const double mx = sx / n, my = sy / n;
   double sxx = 0, sxy = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
-    if (std::isfinite(x[i]) && std::isfinite(y[i])) sxx += (x[i] - mx) * (x[i] - mx), sxy += (x[i] - mx) * (y[i] - my);
+    if (std::isfinite(x[i]) && std::isfinite(y[i]))
+      sxx += (x[i] - mx) * (x[i] - mx), sxy += (x[i] - mx) * (y[i] - my);
   }
   if (sxx <= 0) return fit;
   fit.slope = sxy / sxx;

@@ -1,6 +1,7 @@
 // The analysis of one randomly initialised stack: the engine's entry points and its plain
 // result structs (metrics.md). Reporters turn these into JSON / CSV; nothing here does I/O.
 #pragma once
+#include <Eigen/Core>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -8,8 +9,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <Eigen/Core>
 
 #include "gradflow/architecture.hpp"
 #include "gradflow/config.hpp"
@@ -95,8 +94,9 @@ struct InputGradient {
   double loss = 0.0;
   Eigen::MatrixXd gradient;  // (T, d)
 };
-InputGradient loss_and_input_gradient(const ModelConfig& config, const Architecture& arch, const Constants& constants,
-                                      std::uint64_t seed, const Eigen::MatrixXd* input = nullptr);
+InputGradient loss_and_input_gradient(const ModelConfig& config, const Architecture& arch,
+                                      const Constants& constants, std::uint64_t seed,
+                                      const Eigen::MatrixXd* input = nullptr);
 
 // A named tensor as stored for --export-weights: row-major data in the run's precision.
 struct NamedTensor {
@@ -105,7 +105,7 @@ struct NamedTensor {
   std::vector<double> values;  // exact: float32 values are representable in double
 };
 // The tensors a run of (config, arch, seed) uses: input, probes, every sublayer's weights.
-std::vector<NamedTensor> run_tensors(const ModelConfig& config, const Architecture& arch, const Constants& constants,
-                                     std::uint64_t seed);
+std::vector<NamedTensor> run_tensors(const ModelConfig& config, const Architecture& arch,
+                                     const Constants& constants, std::uint64_t seed);
 
 }  // namespace gradflow

@@ -13,7 +13,7 @@ namespace gradflow {
 
 // A constant of a placement at a given depth, with the depth unit its formula is written in.
 struct Constant {
-  std::string name;     // e.g. "alpha"
+  std::string name;  // e.g. "alpha"
   double value = 0.0;
   std::string formula;  // e.g. "(2B)^(1/4)"
   std::string unit;     // "blocks", "sublayers", "fraction of blocks", "-" ...
@@ -39,15 +39,15 @@ struct SublayerContext {
 struct Architecture {
   std::string_view id;
   std::vector<std::string_view> aliases;
-  std::string_view update_rule;  // one line, in architectures.md's notation
-  std::string_view final_norm;   // "yes", "none", or the documented combination
-  std::string_view citation;     // authors, year, arXiv id
+  std::string_view update_rule;      // one line, in architectures.md's notation
+  std::string_view final_norm;       // "yes", "none", or the documented combination
+  std::string_view citation;         // authors, year, arXiv id
   std::string_view expected_growth;  // growth class of the residual stream at init (metrics.md)
   bool provisional = false;
   std::string_view provisional_note;
   // Stream names; a state has the first few of them (most placements: one stream "x").
   std::vector<std::string_view> streams = {"x"};
-  int initial_streams = 1;  // streams of x_0 (each a copy of the input)
+  int initial_streams = 1;            // streams of x_0 (each a copy of the input)
   bool profiles_skip_weight = false;  // Admin: w_{l+1}^2 = w_l^2 + Var[F_l] during the forward pass
   bool accepts_alpha = false;         // whether --alpha overrides a constant of this placement
   // x <- x + update with nothing else touching the stream, so x_S = x_0 + sum_l update_l exactly:
@@ -73,7 +73,7 @@ std::vector<const Architecture*> parse_architecture_list(std::string_view list);
 // Shared recipe pieces used by several placements.
 namespace recipes {
 void post_norm(SublayerGraph& g, double skip_weight);  // x <- N(w x + F(x))
-void pre_norm(SublayerGraph& g);                        // x <- x + F(N(x))
+void pre_norm(SublayerGraph& g);                       // x <- x + F(N(x))
 // x <- w x + s F(N(x)): pre-norm with a skip weight w and a branch scale s (LayerScale, depth-muP,
 // DeepScaleLM); the update is s F(N(x)).
 void scaled_pre_norm(SublayerGraph& g, double skip_weight, double branch_scale);
@@ -85,8 +85,8 @@ void residual_add(SublayerGraph& g, Value x, Value update);
 // DeepNet's shape, shared by deepnorm and deepnorm-glm (only their constants differ):
 // x <- N(alpha x + F(x)), no final norm, DeepNet init gains, --alpha overrides alpha.
 void deepnet_post_norm(Architecture& arch);
-void final_norm(SublayerGraph& g);                      // y = N(x)
-void identity_output(SublayerGraph& g);                 // y = x
+void final_norm(SublayerGraph& g);       // y = N(x)
+void identity_output(SublayerGraph& g);  // y = x
 // The idealised skip factor of a post-norm sublayer with skip weight a: a / sqrt(a^2 + 1)
 // (Keel, arXiv 2601.19895, Eq. 15 with a = 1 and Eq. 19).
 double post_norm_skip_theory(double skip_weight);

@@ -82,9 +82,9 @@ void validate(const ModelConfig& config);
 
 // Limits of the optional analyses: beyond them the cost (quadratic in S, or one backward pass
 // per output coordinate) is refused up front with an InputError naming the limit.
-inline constexpr int kAnglesMaxSublayers = 4096;       // --angles all is O(S^2 T d)
+inline constexpr int kAnglesMaxSublayers = 4096;             // --angles all is O(S^2 T d)
 inline constexpr long long kExactJacobianMaxEntries = 4096;  // --exact-jacobian: T * d * streams
-inline constexpr int kSpectrumMaxColumns = 64;         // --spectrum k
+inline constexpr int kSpectrumMaxColumns = 64;               // --spectrum k
 
 // Bytes an analysis of this configuration needs at peak (residual states plus one sublayer's
 // working set), used to refuse up front what would not fit.

@@ -83,7 +83,8 @@ struct BranchContext {
 template <typename Scalar>
 class GraphExecutor {
  public:
-  void forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs, const BranchContext<Scalar>& context);
+  void forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
+               const BranchContext<Scalar>& context);
 
   // Vector-Jacobian product: d_outputs (one (K*T, d) cotangent per output stream) to d_inputs.
   // through_branch = false cuts every path through F: the result is the skip path's share.
@@ -93,8 +94,8 @@ class GraphExecutor {
 
   // Jacobian-vector product after forward: tangents of the inputs (one (P*T, d) block per input
   // stream, P tangents stacked) to tangents of the outputs.
-  void jvp(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_inputs, const BranchContext<Scalar>& context,
-           std::vector<Mat<Scalar>>& d_outputs);
+  void jvp(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_inputs,
+           const BranchContext<Scalar>& context, std::vector<Mat<Scalar>>& d_outputs);
 
   const Mat<Scalar>& value(int id) const { return values_[id]; }
   // After backward: dL/d(value id), one (K*T, d) block per probe.

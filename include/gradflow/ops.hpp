@@ -69,8 +69,8 @@ double weight_grad_squared_norm(const Mat<Scalar>& input_gram, const Eigen::Ref<
 // with optional normalisation of q/k/v after the projection.
 enum class QkvNorm {
   none,
-  per_head_qkv,   // HybridNorm: N on each head's q, k and v (Zhuo et al. 2025, arXiv 2503.04598, Eq. 5)
-  full_qk,        // OLMo 2: N over the full q and k (arXiv 2501.00656, Sec. 3.3)
+  per_head_qkv,     // HybridNorm: N on each head's q, k and v (Zhuo et al. 2025, arXiv 2503.04598, Eq. 5)
+  full_qk,          // OLMo 2: N over the full q and k (arXiv 2501.00656, Sec. 3.3)
   per_head_qk_unit  // nGPT: unit-normalised q and k per head (arXiv 2410.01131, Eq. 15-16)
 };
 struct AttentionOptions {
@@ -80,23 +80,23 @@ struct AttentionOptions {
   double score_scale = 1.0;  // 1/sqrt(d_h) usually; sqrt(d_h) for nGPT
 };
 template <typename Scalar>
-struct AttentionCache {  // what the forward saves for the backward, plus backward scratch
-  Mat<Scalar> q_raw, k_raw, v_raw;              // (T, d) projections before any q/k/v norm
-  Mat<Scalar> q, k, v;                          // (T, d) after it
-  Mat<Scalar> q_inv, k_inv, v_inv;              // norm statistics
-  std::vector<Mat<Scalar>> probs;               // heads x (T, T) softmax outputs
-  Mat<Scalar> context;                          // (T, d) concatenated head outputs
+struct AttentionCache {             // what the forward saves for the backward, plus backward scratch
+  Mat<Scalar> q_raw, k_raw, v_raw;  // (T, d) projections before any q/k/v norm
+  Mat<Scalar> q, k, v;              // (T, d) after it
+  Mat<Scalar> q_inv, k_inv, v_inv;  // norm statistics
+  std::vector<Mat<Scalar>> probs;   // heads x (T, T) softmax outputs
+  Mat<Scalar> context;              // (T, d) concatenated head outputs
   Mat<Scalar> d_context, d_q, d_k, d_v, d_raw;  // (K*T, d) scratch
   Mat<Scalar> d_probs, d_scores;                // (T, T) scratch
 };
 template <typename Scalar>
-void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
-                       AttentionCache<Scalar>& cache, Mat<Scalar>& out);
+void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
+                       const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out);
 // param_grads, when given, receives each probe's squared norm of dL/d{W_Q, W_K, W_V, W_O}.
 template <typename Scalar>
-void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
-                        AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>& dx,
-                        ParamGradSquares* param_grads = nullptr);
+void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
+                        const AttentionOptions& options, AttentionCache<Scalar>& cache,
+                        const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr);
 
 // Jacobian-vector product (forward mode) after attention_forward: d_out = J d_x for P tangents
 // stacked as P blocks of T rows, (P*T, d). Used by --spectrum, which needs J as well as J^T.
@@ -108,19 +108,21 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
 // Feed-forward: out = gelu(x W_1) W_2, hidden 4d, no biases (Vaswani et al. 2017, Eq. 2).
 template <typename Scalar>
 struct FfnCache {
-  Mat<Scalar> hidden_pre;  // (T, 4d) x W_1
-  Mat<Scalar> hidden;      // (T, 4d) gelu(x W_1)
+  Mat<Scalar> hidden_pre;              // (T, 4d) x W_1
+  Mat<Scalar> hidden;                  // (T, 4d) gelu(x W_1)
   Mat<Scalar> d_hidden, d_hidden_pre;  // (K*T, 4d) scratch
 };
 template <typename Scalar>
-void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, Mat<Scalar>& out);
+void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
+                 Mat<Scalar>& out);
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
                   const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr);
 
 // Forward mode after ffn_forward: d_out = J d_x, tangents (P*T, d).
 template <typename Scalar>
-void ffn_jvp(const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out);
+void ffn_jvp(const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, const Mat<Scalar>& d_x,
+             Mat<Scalar>& d_out);
 
 // ---------------------------------------------------------------------------------------------
 // The idealised branch: a fixed 90-degree rotation within coordinate pairs (2i, 2i+1), so that

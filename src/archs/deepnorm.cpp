@@ -19,7 +19,8 @@ Architecture deepnorm() {
              config.alpha ? "--alpha" : "(2B)^(1/4)", "blocks"},
             {"beta", std::pow(8.0 * blocks, -0.25), "(8B)^(-1/4)", "blocks"}};
   };
-  // x <- N(a x + F(x)); Xavier-normal with gain beta on W_V, W_O, W_1, W_2, gain 1 on W_Q, W_K (DeepNet Fig. 2).
+  // x <- N(a x + F(x)); Xavier-normal with gain beta on W_V, W_O, W_1, W_2, gain 1 on W_Q, W_K (DeepNet Fig.
+  // 2).
   recipes::deepnet_post_norm(arch);
   return arch;
 }

@@ -16,10 +16,12 @@ Architecture deepnorm_glm() {
   arch.expected_growth = "bounded";
   arch.constants = [](const ModelConfig& config) -> Constants {
     const double blocks = config.blocks;
-    return {{"alpha", config.alpha.value_or(std::sqrt(2.0 * blocks)), config.alpha ? "--alpha" : "(2B)^(1/2)", "blocks"},
+    return {{"alpha", config.alpha.value_or(std::sqrt(2.0 * blocks)), config.alpha ? "--alpha" : "(2B)^(1/2)",
+             "blocks"},
             {"beta", 1.0 / std::sqrt(2.0 * blocks), "(2B)^(-1/2)", "blocks"}};
   };
-  // x <- N(a x + F(x)); Xavier-normal with gain beta on W_V, W_O, W_1, W_2, gain 1 on W_Q, W_K (DeepNet Fig. 2).
+  // x <- N(a x + F(x)); Xavier-normal with gain beta on W_V, W_O, W_1, W_2, gain 1 on W_Q, W_K (DeepNet Fig.
+  // 2).
   recipes::deepnet_post_norm(arch);
   return arch;
 }

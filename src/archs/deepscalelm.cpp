@@ -2,8 +2,9 @@
 // keeps the stream's second moment fixed (Kedia et al. 2024 "Transformers get stable", arXiv
 // 2403.09635, Sec. 3; authors' megatron transformer.py: moment_control_lambda / _beta).
 // S in sublayers as architectures.md says; a third-party port reads 2/B (paper_notes.md).
-#include <cmath>
 #include <fmt/format.h>
+
+#include <cmath>
 
 #include "archs.hpp"
 #include "gradflow/errors.hpp"
@@ -20,16 +21,18 @@ Architecture deepscalelm() {
   arch.constants = [](const ModelConfig& config) -> Constants {
     const int sublayers = config.sublayers();
     if (sublayers < 2) {
-      throw InputError(fmt::format("deepscalelm needs at least 2 sublayers (b^2 = 2/S must not exceed 1), not {}; "
-                                   "try --depth 2",
-                                   sublayers));
+      throw InputError(
+          fmt::format("deepscalelm needs at least 2 sublayers (b^2 = 2/S must not exceed 1), not {}; "
+                      "try --depth 2",
+                      sublayers));
     }
     const double beta_sq = 2.0 / sublayers;
     return {{"beta", std::sqrt(beta_sq), "sqrt(2/S)", "sublayers"},
             {"lambda", std::sqrt(1.0 - beta_sq), "sqrt(1 - b^2)", "sublayers"}};
   };
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
-    recipes::scaled_pre_norm(g, constant_value(ctx.constants, "lambda"), constant_value(ctx.constants, "beta"));
+    recipes::scaled_pre_norm(g, constant_value(ctx.constants, "lambda"),
+                             constant_value(ctx.constants, "beta"));
   };
   arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::final_norm(g); };
   // The skip path is l times the identity.

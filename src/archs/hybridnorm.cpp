@@ -12,7 +12,9 @@ Architecture hybridnorm() {
   arch.final_norm = "yes";
   arch.citation = "Zhuo et al. 2025 \"HybridNorm\", arXiv 2503.04598";
   arch.expected_growth = "bounded";
-  arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) { recipes::hybrid_norm(g, ctx.kind); };
+  arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
+    recipes::hybrid_norm(g, ctx.kind);
+  };
   arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::final_norm(g); };
   // The attention's skip is the identity; the FFN's runs through N (no closed form).
   arch.skip_gain_theory = [](const SublayerContext& ctx) -> std::optional<double> {

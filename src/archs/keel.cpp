@@ -13,7 +13,8 @@ enum class FirstSublayer { none, plain_pre_norm, unit_alpha };
 
 FirstSublayer first_sublayer_rule(const SublayerContext& ctx) {
   const int first_attn = ctx.config.block == BlockKind::ffn ? -1 : 0;
-  const int first_ffn = ctx.config.block == BlockKind::attn_ffn ? 1 : (ctx.config.block == BlockKind::ffn ? 0 : -1);
+  const int first_ffn =
+      ctx.config.block == BlockKind::attn_ffn ? 1 : (ctx.config.block == BlockKind::ffn ? 0 : -1);
   if (ctx.sublayer == first_attn) return FirstSublayer::plain_pre_norm;
   if (ctx.sublayer == first_ffn) {
     return ctx.config.keel_variant == "v1" ? FirstSublayer::plain_pre_norm : FirstSublayer::unit_alpha;
@@ -35,8 +36,8 @@ Architecture keel() {
   arch.expected_growth = "bounded";
   arch.accepts_alpha = true;
   arch.constants = [](const ModelConfig& config) -> Constants {
-    return {{"alpha", config.alpha.value_or(static_cast<double>(config.sublayers())), config.alpha ? "--alpha" : "S",
-             "sublayers"}};
+    return {{"alpha", config.alpha.value_or(static_cast<double>(config.sublayers())),
+             config.alpha ? "--alpha" : "S", "sublayers"}};
   };
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
     if (first_sublayer_rule(ctx) == FirstSublayer::plain_pre_norm) return recipes::pre_norm(g);

@@ -23,10 +23,12 @@ Architecture layerscale() {
   arch.citation = "Touvron et al. 2021 \"Going deeper with Image Transformers\" (CaiT), arXiv 2103.17239";
   arch.expected_growth = "bounded";  // updates of size lambda <= 0.1 barely move the stream
   arch.constants = [](const ModelConfig& config) -> Constants {
-    return {{"lambda", layerscale_init(config.blocks), "0.1 if B <= 18, 1e-5 if B <= 24, else 1e-6", "blocks"}};
+    return {
+        {"lambda", layerscale_init(config.blocks), "0.1 if B <= 18, 1e-5 if B <= 24, else 1e-6", "blocks"}};
   };
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
-    recipes::scaled_pre_norm(g, 1.0, constant_value(ctx.constants, "lambda"));  // diag(lambda) = lambda I at init
+    recipes::scaled_pre_norm(g, 1.0,
+                             constant_value(ctx.constants, "lambda"));  // diag(lambda) = lambda I at init
   };
   arch.build_output = [](SublayerGraph& g, const SublayerContext&) { recipes::final_norm(g); };
   arch.skip_gain_theory = recipes::identity_skip_theory;

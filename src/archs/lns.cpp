@@ -9,7 +9,9 @@
 namespace gradflow::archs {
 
 namespace {
-double input_scale(int block) { return 1.0 / std::sqrt(block + 1.0); }
+double input_scale(int block) {
+  return 1.0 / std::sqrt(block + 1.0);
+}
 }  // namespace
 
 Architecture lns() {
@@ -18,13 +20,14 @@ Architecture lns() {
   arch.additive_stream = true;  // x <- x + update only
   arch.update_rule = "x <- x + F(N(x) / sqrt(b+1)), b = block";
   arch.final_norm = "yes";
-  arch.citation = "Sun et al. 2025 \"The Curse of Depth\" (LayerNorm Scaling), arXiv 2502.05795; b per authors' code";
+  arch.citation =
+      "Sun et al. 2025 \"The Curse of Depth\" (LayerNorm Scaling), arXiv 2502.05795; b per authors' code";
   // F's input shrinks as 1/sqrt(b+1), so Var[F] ~ 1/(b+1) and E norm(x)^2 grows only like log B
   // (exponent about 0.1 at B = 256).
   arch.expected_growth = "bounded";
   arch.constants = [](const ModelConfig& config) -> Constants {
-    return {{"input_scale", input_scale(config.blocks - 1), "1/sqrt(b+1), b = 0-based block; value at b = B-1",
-             "blocks"}};
+    return {{"input_scale", input_scale(config.blocks - 1),
+             "1/sqrt(b+1), b = 0-based block; value at b = B-1", "blocks"}};
   };
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
     const Value x = g.input(0);

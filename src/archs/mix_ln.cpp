@@ -7,7 +7,9 @@
 namespace gradflow::archs {
 
 namespace {
-bool is_post_ln_block(const SublayerContext& ctx) { return ctx.block < constant_value(ctx.constants, "post_ln_blocks"); }
+bool is_post_ln_block(const SublayerContext& ctx) {
+  return ctx.block < constant_value(ctx.constants, "post_ln_blocks");
+}
 }  // namespace
 
 Architecture mix_ln() {

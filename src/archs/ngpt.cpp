@@ -22,7 +22,8 @@ Architecture ngpt() {
     const std::optional<double> score_scale = std::sqrt(static_cast<double>(ctx.config.head_dim()));
     const Value branch = g.unit(g.branch(h, QkvNorm::per_head_qk_unit, score_scale));
     const Value h_unit = g.unit(h);
-    const Value update = g.scale(g.add(branch, g.scale(h_unit, -1.0)), constant_value(ctx.constants, "alpha"));
+    const Value update =
+        g.scale(g.add(branch, g.scale(h_unit, -1.0)), constant_value(ctx.constants, "alpha"));
     const Value sum = g.add(h_unit, update);
     g.set_outputs({g.unit(sum)});
     g.mark_update(update, sum);

@@ -11,7 +11,8 @@ Architecture peri_ln() {
   arch.additive_stream = true;  // x <- x + update only
   arch.update_rule = "x <- x + N_out(F(N_in(x)))";
   arch.final_norm = "yes";
-  arch.citation = "Kim et al. 2025 \"Peri-LN\", arXiv 2502.02732; Ding et al. 2021 (CogView), arXiv 2105.13290";
+  arch.citation =
+      "Kim et al. 2025 \"Peri-LN\", arXiv 2502.02732; Ding et al. 2021 (CogView), arXiv 2105.13290";
   // Every update has unit RMS (N_out), so E norm(x_l)^2 grows linearly in l: sqrt growth.
   arch.expected_growth = "sqrt";
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext&) {

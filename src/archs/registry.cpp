@@ -1,7 +1,8 @@
 // The one table of placements, lookup by name with a suggestion, and recipe pieces they share.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <fmt/format.h>
 #include <stdexcept>
 
 #include "archs.hpp"
@@ -58,12 +59,14 @@ const Architecture& find_architecture(std::string_view id) {
   const Architecture* nearest = nullptr;
   std::size_t best = SIZE_MAX;
   for (const Architecture& arch : architectures()) {
-    if (arch.id == id || std::find(arch.aliases.begin(), arch.aliases.end(), id) != arch.aliases.end()) return arch;
+    if (arch.id == id || std::find(arch.aliases.begin(), arch.aliases.end(), id) != arch.aliases.end())
+      return arch;
     const std::size_t distance = edit_distance(id, arch.id);
     if (distance < best) best = distance, nearest = &arch;
   }
-  throw InputError(fmt::format("--arch {:?} is not a known placement; did you mean {:?}? ('gradflow archs' lists all)",
-                               std::string(id), std::string(nearest->id)));
+  throw InputError(
+      fmt::format("--arch {:?} is not a known placement; did you mean {:?}? ('gradflow archs' lists all)",
+                  std::string(id), std::string(nearest->id)));
 }
 
 std::vector<const Architecture*> parse_architecture_list(std::string_view list) {
@@ -76,7 +79,9 @@ std::vector<const Architecture*> parse_architecture_list(std::string_view list) 
   while (start <= list.size()) {
     const std::size_t comma = std::min(list.find(',', start), list.size());
     const std::string_view name = list.substr(start, comma - start);
-    if (name.empty()) throw InputError(fmt::format("--arch {:?} has an empty name; separate names by single commas", std::string(list)));
+    if (name.empty())
+      throw InputError(
+          fmt::format("--arch {:?} has an empty name; separate names by single commas", std::string(list)));
     const Architecture* arch = &find_architecture(name);
     if (std::find(result.begin(), result.end(), arch) == result.end()) result.push_back(arch);
     start = comma + 1;
@@ -102,7 +107,9 @@ void post_norm(SublayerGraph& g, double skip_weight) {
   g.mark_update(update, sum);
 }
 
-void pre_norm(SublayerGraph& g) { scaled_pre_norm(g, 1.0, 1.0); }
+void pre_norm(SublayerGraph& g) {
+  scaled_pre_norm(g, 1.0, 1.0);
+}
 
 void scaled_pre_norm(SublayerGraph& g, double skip_weight, double branch_scale) {
   const Value x = g.input(0);
@@ -145,15 +152,21 @@ void deepnet_post_norm(Architecture& arch) {
   arch.init_gain = deepnet_init_gain;
 }
 
-void final_norm(SublayerGraph& g) { g.set_outputs({g.norm(g.input(0))}); }
+void final_norm(SublayerGraph& g) {
+  g.set_outputs({g.norm(g.input(0))});
+}
 
-void identity_output(SublayerGraph& g) { g.set_outputs({g.input(0)}); }
+void identity_output(SublayerGraph& g) {
+  g.set_outputs({g.input(0)});
+}
 
 double post_norm_skip_theory(double skip_weight) {
   return skip_weight / std::sqrt(skip_weight * skip_weight + 1.0);
 }
 
-std::optional<double> identity_skip_theory(const SublayerContext&) { return 1.0; }
+std::optional<double> identity_skip_theory(const SublayerContext&) {
+  return 1.0;
+}
 
 double deepnet_init_gain(const SublayerContext& ctx, WeightMatrix matrix) {
   const bool query_or_key = matrix == WeightMatrix::q || matrix == WeightMatrix::k;

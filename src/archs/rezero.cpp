@@ -13,7 +13,8 @@ Architecture rezero() {
   arch.citation = "Bachlechner et al. 2020 \"ReZero\", arXiv 2003.04887";
   arch.expected_growth = "bounded";  // exactly 0 at init: every update is 0
   arch.constants = [](const ModelConfig& config) -> Constants {
-    return {{"alpha", config.rezero_alpha.value_or(0.0), config.rezero_alpha ? "--rezero-alpha" : "0 at init", "-"}};
+    return {{"alpha", config.rezero_alpha.value_or(0.0), config.rezero_alpha ? "--rezero-alpha" : "0 at init",
+             "-"}};
   };
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
     const Value x = g.input(0);

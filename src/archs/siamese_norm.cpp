@@ -11,7 +11,9 @@
 namespace gradflow::archs {
 
 namespace {
-double branch_divisor(int block) { return std::sqrt(2.0 * (block + 1)); }  // c = ((index+1)*2)**0.5
+double branch_divisor(int block) {
+  return std::sqrt(2.0 * (block + 1));
+}  // c = ((index+1)*2)**0.5
 }  // namespace
 
 Architecture siamese_norm() {
@@ -24,7 +26,8 @@ Architecture siamese_norm() {
   arch.streams = {"X", "Y"};
   arch.initial_streams = 2;
   arch.constants = [](const ModelConfig& config) -> Constants {
-    return {{"c", branch_divisor(config.blocks - 1), "sqrt(2(b+1)), b = 0-based block; value at b = B-1", "blocks"}};
+    return {{"c", branch_divisor(config.blocks - 1), "sqrt(2(b+1)), b = 0-based block; value at b = B-1",
+             "blocks"}};
   };
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
     const Value x = g.norm(g.input(0)), y = g.input(1);

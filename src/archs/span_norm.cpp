@@ -15,9 +15,12 @@ Architecture span_norm() {
   arch.expected_growth = "bounded";  // every block ends in N2
   arch.provisional = true;
   arch.provisional_note =
-      "equations not public (arXiv 2601.22580, abstract only): reconstructed from the abstract's 'clean residual "
-      "connection that spans the entire transformer block' and 'PostNorm-style computation that normalizes the "
-      "aggregated output'; the inner N1 is a guess and the paper's scaling strategy is unknown, so it is omitted; "
+      "equations not public (arXiv 2601.22580, abstract only): reconstructed from the abstract's 'clean "
+      "residual "
+      "connection that spans the entire transformer block' and 'PostNorm-style computation that normalizes "
+      "the "
+      "aggregated output'; the inner N1 is a guess and the paper's scaling strategy is unknown, so it is "
+      "omitted; "
       "single-sublayer blocks (--block ffn|attn) reduce to x <- N(x + F(x))";
   // Between the attention and the FFN of a block the state carries x (for the spanning skip) and h.
   arch.streams = {"x", "h"};

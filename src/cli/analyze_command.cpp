@@ -34,7 +34,8 @@ struct AnalyzeOptions {
 std::string export_path(const std::string& base, std::string_view arch, std::uint64_t seed, bool several) {
   if (!several) return base;
   const std::filesystem::path path(base);
-  return (path.parent_path() / fmt::format("{}.{}.seed{}{}", path.stem().string(), arch, seed, path.extension().string()))
+  return (path.parent_path() /
+          fmt::format("{}.{}.seed{}{}", path.stem().string(), arch, seed, path.extension().string()))
       .string();
 }
 
@@ -50,12 +51,15 @@ int run_analyze(const AnalyzeOptions& options) {
   } else {
     seeds.push_back(options.seed);
   }
-  const int threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int threads =
+      options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
 
   const int jobs = static_cast<int>(archs.size() * seeds.size());
   check_memory(model, archs, std::min(threads, jobs));
   if (model.angles_all && options.format == "csv") {
-    fmt::print(stderr, "gradflow: warning: the --angles all matrix is written in JSON only; use --format json to get it\n");
+    fmt::print(
+        stderr,
+        "gradflow: warning: the --angles all matrix is written in JSON only; use --format json to get it\n");
   }
   AtomicOutput output(options.output);  // fails now, before any work, if the path is not writable
 
@@ -77,7 +81,8 @@ int run_analyze(const AnalyzeOptions& options) {
     for (std::size_t s = 0; s < seeds.size(); ++s) job_list.push_back({report.results.size() - 1, s});
   }
 
-  ProgressBar progress(!options.quiet && stderr_is_terminal(), fmt::format("gradflow analyze ({} run(s))", jobs));
+  ProgressBar progress(!options.quiet && stderr_is_terminal(),
+                       fmt::format("gradflow analyze ({} run(s))", jobs));
   std::mutex progress_mutex;
   std::vector<long long> job_done(job_list.size(), 0);
   const long long total_work = static_cast<long long>(job_list.size()) * 2 * model.sublayers();
@@ -103,8 +108,9 @@ int run_analyze(const AnalyzeOptions& options) {
   for (const ArchResult& result : report.results) {
     for (const SeedResult& seed : result.seeds) {
       if (seed.diverged) {
-        fmt::print(stderr, "gradflow: warning: {} seed {} diverged at sublayer {} ({}): {}\n", result.arch->id, seed.seed,
-                   seed.diverged->sublayer, seed.diverged->phase, seed.diverged->reason);
+        fmt::print(stderr, "gradflow: warning: {} seed {} diverged at sublayer {} ({}): {}\n",
+                   result.arch->id, seed.seed, seed.diverged->sublayer, seed.diverged->phase,
+                   seed.diverged->reason);
       }
     }
   }
@@ -114,8 +120,8 @@ int run_analyze(const AnalyzeOptions& options) {
       for (const SeedResult& seed : result.seeds) {
         AtomicOutput file(export_path(options.export_weights, result.arch->id, seed.seed, several));
         const nlohmann::ordered_json metadata = {{"arch", std::string(result.arch->id)},
-                                         {"seed", std::to_string(seed.seed)},
-                                         {"config", config_to_json(result).dump()}};
+                                                 {"seed", std::to_string(seed.seed)},
+                                                 {"config", config_to_json(result).dump()}};
         write_safetensors(run_tensors(result.config, *result.arch, result.constants, seed.seed),
                           result.config.precision, metadata, file.stream());
         file.commit();
@@ -125,7 +131,8 @@ int run_analyze(const AnalyzeOptions& options) {
   if (options.format == "csv") {
     write_csv(report, output.stream());
   } else if (options.format == "table") {
-    write_table(report, output.stream(), (options.output.empty() || options.output == "-") && stdout_is_terminal());
+    write_table(report, output.stream(),
+                (options.output.empty() || options.output == "-") && stdout_is_terminal());
   } else if (options.format == "markdown") {
     write_markdown(report, output.stream());
   } else {
@@ -139,27 +146,37 @@ int run_analyze(const AnalyzeOptions& options) {
 Command setup_analyze(CLI::App& app) {
   auto options = std::make_shared<AnalyzeOptions>();
   ModelConfig& m = options->model.model;
-  CLI::App* sub = app.add_subcommand("analyze", "Measure signal and gradient flow through randomly initialised stacks");
+  CLI::App* sub =
+      app.add_subcommand("analyze", "Measure signal and gradient flow through randomly initialised stacks");
   sub->option_defaults()->always_capture_default();
-  sub->add_option("--arch", options->arch, "Placement id, a comma-separated list, or 'all' (see 'gradflow archs')");
+  sub->add_option("--arch", options->arch,
+                  "Placement id, a comma-separated list, or 'all' (see 'gradflow archs')");
   sub->add_option("--depth", m.blocks, "Depth in blocks B (a block is attention + FFN by default)");
   sub->add_option("--width", m.width, "Model width d");
   add_model_options(sub, options->model);
   sub->add_option("--angles", options->angles,
-                  "consecutive: angle between x_l and x_{l+1} per sublayer; all: also the all-pairs matrix (JSON, O(S^2 T d))")
+                  "consecutive: angle between x_l and x_{l+1} per sublayer; all: also the all-pairs matrix "
+                  "(JSON, O(S^2 T d))")
       ->check(CLI::IsMember({"consecutive", "all"}));
   sub->add_option("--spectrum", m.spectrum,
-                  "Top-k singular values of the Jacobian from each state to the output (subspace iteration, O(S^2) sweeps)")
+                  "Top-k singular values of the Jacobian from each state to the output (subspace iteration, "
+                  "O(S^2) sweeps)")
       ->default_str("off");
   sub->add_flag("--exact-jacobian", m.exact_jacobian,
-                "Full Jacobian from each state to the output, exact Frobenius and spectral norms (seq * width <= 4096)");
+                "Full Jacobian from each state to the output, exact Frobenius and spectral norms (seq * "
+                "width <= 4096)");
   auto* seed = sub->add_option("--seed", options->seed, "Seed of a single run");
-  sub->add_option("--seeds", options->seeds, "Run seeds 0..N-1 and add mean, std and 95% intervals")->excludes(seed)->default_str("off");
-  sub->add_option("--threads", options->threads, "Worker threads; results are identical for every count")->default_str("all cores");
+  sub->add_option("--seeds", options->seeds, "Run seeds 0..N-1 and add mean, std and 95% intervals")
+      ->excludes(seed)
+      ->default_str("off");
+  sub->add_option("--threads", options->threads, "Worker threads; results are identical for every count")
+      ->default_str("all cores");
   sub->add_option("--format", options->format,
-                  "Output format: json, csv, table (a summary for the terminal) or markdown (the same as a Markdown table)")
+                  "Output format: json, csv, table (a summary for the terminal) or markdown (the same as a "
+                  "Markdown table)")
       ->check(CLI::IsMember({"json", "csv", "table", "markdown"}));
-  sub->add_option("-o,--output", options->output, "Write to FILE (whole or not at all) instead of stdout")->default_str("stdout");
+  sub->add_option("-o,--output", options->output, "Write to FILE (whole or not at all) instead of stdout")
+      ->default_str("stdout");
   sub->add_option("--export-weights", options->export_weights,
                   "Also write input, probes and every weight to a .safetensors file (one per arch and seed)")
       ->default_str("off");

@@ -70,8 +70,10 @@ int run_archs(const ArchsOptions& options) {
   if (options.format == "json") {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const Architecture* arch : selected) list.push_back(architecture_to_json(*arch, config));
-    std::cout << nlohmann::ordered_json{{"schema_version", kSchemaVersion}, {"depth_blocks", config.blocks},
-                                {"sublayers", config.sublayers()}, {"architectures", list}}
+    std::cout << nlohmann::ordered_json{{"schema_version", kSchemaVersion},
+                                        {"depth_blocks", config.blocks},
+                                        {"sublayers", config.sublayers()},
+                                        {"architectures", list}}
                      .dump(1)
               << '\n';
     return 0;
@@ -79,30 +81,36 @@ int run_archs(const ArchsOptions& options) {
   const bool detail = !options.arch.empty();
   for (const Architecture* arch : selected) {
     if (detail) {
-      fmt::print("{}{}\n  update:      {}\n  final norm:  {}\n  constants:   {}  (at depth B = {}, S = {})\n  streams:     {}\n"
-                 "  growth:      {} at init (growth class of the residual stream, metrics.md)\n  source:      {}\n",
-                 arch->id, arch->provisional ? "  [PROVISIONAL]" : "", arch->update_rule, arch->final_norm,
-                 constants_text(*arch, config), config.blocks, config.sublayers(), fmt::join(arch->streams, ", "),
-                 arch->expected_growth, arch->citation);
+      fmt::print(
+          "{}{}\n  update:      {}\n  final norm:  {}\n  constants:   {}  (at depth B = {}, S = {})\n  "
+          "streams:     {}\n"
+          "  growth:      {} at init (growth class of the residual stream, metrics.md)\n  source:      {}\n",
+          arch->id, arch->provisional ? "  [PROVISIONAL]" : "", arch->update_rule, arch->final_norm,
+          constants_text(*arch, config), config.blocks, config.sublayers(), fmt::join(arch->streams, ", "),
+          arch->expected_growth, arch->citation);
       if (arch->provisional) fmt::print("  provisional: {}\n", arch->provisional_note);
       print_closed_forms(*arch, config);
       fmt::print("\n");
     } else {
-      fmt::print("{:<16} {}{}\n  final norm: {}\n  constants:  {}\n  source:     {}\n", arch->id, arch->update_rule,
-                 arch->provisional ? "  [PROVISIONAL: see --arch for why]" : "", arch->final_norm,
-                 constants_text(*arch, config), arch->citation);
+      fmt::print("{:<16} {}{}\n  final norm: {}\n  constants:  {}\n  source:     {}\n", arch->id,
+                 arch->update_rule, arch->provisional ? "  [PROVISIONAL: see --arch for why]" : "",
+                 arch->final_norm, constants_text(*arch, config), arch->citation);
     }
   }
-  if (!detail) fmt::print("\n{} placements. 'gradflow archs --arch ID' for one in detail; --format json for machines.\n", selected.size());
+  if (!detail)
+    fmt::print("\n{} placements. 'gradflow archs --arch ID' for one in detail; --format json for machines.\n",
+               selected.size());
   return 0;
 }
 }  // namespace
 
 Command setup_archs(CLI::App& app) {
   auto options = std::make_shared<ArchsOptions>();
-  CLI::App* sub = app.add_subcommand("archs", "List the placements: update rule, constants with their depth unit, source");
+  CLI::App* sub = app.add_subcommand(
+      "archs", "List the placements: update rule, constants with their depth unit, source");
   sub->option_defaults()->always_capture_default();
-  sub->add_option("--arch", options->arch, "Show these placements in detail (comma-separated)")->default_str("all, one line each");
+  sub->add_option("--arch", options->arch, "Show these placements in detail (comma-separated)")
+      ->default_str("all, one line each");
   sub->add_option("--depth", options->depth, "Depth in blocks at which to evaluate the constants");
   sub->add_option("--format", options->format, "table or json")->check(CLI::IsMember({"table", "json"}));
   return {sub, [options] { return run_archs(*options); }};

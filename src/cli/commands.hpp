@@ -64,7 +64,8 @@ std::optional<std::string> read_text_file(const std::string& path);
 // Parses a JSON file; throws InputError naming the path when it is missing or malformed.
 nlohmann::ordered_json read_json_file(const std::string& path);
 // The key where two JSON objects first differ, as "PREFIXkey: A vs B"; empty when equal.
-std::string first_difference(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b, const std::string& prefix);
+std::string first_difference(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b,
+                             const std::string& prefix);
 // Writes `text` to `path` whole or not at all (AtomicOutput).
 void write_file_atomically(const std::string& path, const std::string& text);
 

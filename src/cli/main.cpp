@@ -16,7 +16,9 @@ int main(int argc, char** argv) {
     return fmt::format("gradflow: error: {}; see 'gradflow {}--help'\n", error.what(),
                        failed->get_parent() ? failed->get_name() + " " : "");
   });
-  app.footer("Definitions: shared/spec (architectures.md, metrics.md). Exit codes: 0 ok, 1 check failed, 2 bad input.");
+  app.footer(
+      "Definitions: shared/spec (architectures.md, metrics.md). Exit codes: 0 ok, 1 check failed, 2 bad "
+      "input.");
   namespace cli = gradflow::cli;
   const cli::Command commands[] = {cli::setup_analyze(app), cli::setup_archs(app), cli::setup_sweep(app),
                                    cli::setup_merge(app), cli::setup_check(app)};
@@ -37,7 +39,9 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "gradflow: check failed: {}\n", error.what());
     return static_cast<int>(ExitCode::check_failed);
   } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "gradflow: error: out of memory; try a smaller --depth, --width or --seq, or --precision f32\n");
+    fmt::print(
+        stderr,
+        "gradflow: error: out of memory; try a smaller --depth, --width or --seq, or --precision f32\n");
     return static_cast<int>(ExitCode::bad_input);
   }
   return static_cast<int>(ExitCode::bad_input);

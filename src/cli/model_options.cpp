@@ -23,11 +23,13 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
   sub->add_option("--precision", options.precision,
                   "Arithmetic: f32 or f64 (gradient logs are always accumulated in double)")
       ->check(CLI::IsMember({"f32", "f64"}));
-  sub->add_option("--alpha", m.alpha,
-                  "Override the skip weight a of deepnorm, deepnorm-glm or keel (default: the paper's constant)")
+  sub->add_option(
+         "--alpha", m.alpha,
+         "Override the skip weight a of deepnorm, deepnorm-glm or keel (default: the paper's constant)")
       ->default_str("paper's constant");
   sub->add_option("--keel-variant", m.keel_variant, "Keel's first sublayers: v2 (paper v2) or v1");
-  sub->add_option("--mix-ratio", m.mix_ratio, "mix-ln: fraction r of blocks (the first floor(r B)) that are post-ln");
+  sub->add_option("--mix-ratio", m.mix_ratio,
+                  "mix-ln: fraction r of blocks (the first floor(r B)) that are post-ln");
   sub->add_option("--rezero-alpha", m.rezero_alpha, "rezero: the branch weight a (default 0, as at init)")
       ->default_str("0");
   sub->add_option("--probes", m.probes, "Random probes U per seed (per-state figures are RMS over probes)");
@@ -65,9 +67,8 @@ void check_alpha_applies(const ModelConfig& model, const std::vector<const Archi
   bool any = false;
   for (const Architecture* arch : archs) any = any || arch->accepts_alpha;
   if (!any) {
-    throw InputError(
-        fmt::format("--alpha {} does not apply to {}; it sets the skip weight of {}", *model.alpha, arch_list,
-                    fmt::join(alpha_placements(), ", ")));
+    throw InputError(fmt::format("--alpha {} does not apply to {}; it sets the skip weight of {}",
+                                 *model.alpha, arch_list, fmt::join(alpha_placements(), ", ")));
   }
   for (const Architecture* arch : archs) {
     if (!arch->accepts_alpha)

@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <iostream>
 #include <random>
+#include <sstream>
 
 #include "commands.hpp"
 #include "gradflow/errors.hpp"
@@ -18,14 +18,16 @@ AtomicOutput::AtomicOutput(std::string path) : path_(std::move(path)) {
   if (path_.empty() || path_ == "-") return;
   const std::filesystem::path target(path_);
   if (std::filesystem::is_directory(target)) {
-    throw InputError(fmt::format("-o {} is a directory; give a file name such as {}/result.json", path_, path_));
+    throw InputError(
+        fmt::format("-o {} is a directory; give a file name such as {}/result.json", path_, path_));
   }
   std::random_device entropy;
   temporary_ = fmt::format("{}.tmp.{}.{:x}", path_, ::getpid(), entropy());
   file_.open(temporary_, std::ios::binary | std::ios::trunc);
   if (!file_) {
     const auto parent = target.has_parent_path() ? target.parent_path().string() : std::string(".");
-    throw InputError(fmt::format("-o {} is not writable (cannot create a file in {}); choose a writable path", path_, parent));
+    throw InputError(fmt::format("-o {} is not writable (cannot create a file in {}); choose a writable path",
+                                 path_, parent));
   }
 }
 
@@ -36,7 +38,9 @@ AtomicOutput::~AtomicOutput() {
   }
 }
 
-std::ostream& AtomicOutput::stream() { return temporary_.empty() ? static_cast<std::ostream&>(buffer_) : file_; }
+std::ostream& AtomicOutput::stream() {
+  return temporary_.empty() ? static_cast<std::ostream&>(buffer_) : file_;
+}
 
 void AtomicOutput::commit() {
   if (temporary_.empty()) {
@@ -60,7 +64,8 @@ std::optional<std::string> read_text_file(const std::string& path) {
 }
 
 nlohmann::ordered_json read_json_file(const std::string& path) {
-  if (std::filesystem::is_directory(path)) throw InputError(fmt::format("{} is a directory, not a JSON file", path));
+  if (std::filesystem::is_directory(path))
+    throw InputError(fmt::format("{} is a directory, not a JSON file", path));
   const auto text = read_text_file(path);
   if (!text) throw InputError(fmt::format("{}: cannot read the file (missing or not readable)", path));
   try {
@@ -71,7 +76,8 @@ nlohmann::ordered_json read_json_file(const std::string& path) {
 }
 
 // The field where two JSON objects first differ ("model.seq: 16 vs 32"), empty when equal.
-std::string first_difference(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b, const std::string& prefix) {
+std::string first_difference(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b,
+                             const std::string& prefix) {
   for (const auto& [key, value] : a.items()) {
     if (!b.contains(key)) return fmt::format("{}{}: {} vs absent", prefix, key, value.dump());
     if (value != b.at(key)) return fmt::format("{}{}: {} vs {}", prefix, key, value.dump(), b.at(key).dump());
@@ -100,13 +106,19 @@ std::uint64_t available_memory_bytes() {
   return static_cast<std::uint64_t>(kib) * 1024;
 }
 
-bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
-bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }
+bool stderr_is_terminal() {
+  return ::isatty(STDERR_FILENO) == 1;
+}
+bool stdout_is_terminal() {
+  return ::isatty(STDOUT_FILENO) == 1;
+}
 
 ProgressBar::ProgressBar(bool enabled, std::string label)
     : enabled_(enabled), label_(std::move(label)), start_(std::chrono::steady_clock::now()) {}
 
-ProgressBar::~ProgressBar() { finish(); }
+ProgressBar::~ProgressBar() {
+  finish();
+}
 
 void ProgressBar::finish() {
   if (enabled_ && last_permille_ >= 0) {
@@ -116,7 +128,9 @@ void ProgressBar::finish() {
   enabled_ = false;
 }
 
-void ProgressBar::set_label(std::string label) { label_ = std::move(label); }
+void ProgressBar::set_label(std::string label) {
+  label_ = std::move(label);
+}
 
 void ProgressBar::update(long long done, long long total) {
   if (!enabled_ || total <= 0) return;
@@ -126,8 +140,8 @@ void ProgressBar::update(long long done, long long total) {
   last_permille_ = permille;
   constexpr int kWidth = 30;
   const int filled = permille * kWidth / 1000;
-  fmt::print(stderr, "\r\033[2K{} [{}{}] {:5.1f}%", label_, std::string(filled, '#'), std::string(kWidth - filled, '.'),
-             permille / 10.0);
+  fmt::print(stderr, "\r\033[2K{} [{}{}] {:5.1f}%", label_, std::string(filled, '#'),
+             std::string(kWidth - filled, '.'), permille / 10.0);
   std::fflush(stderr);
 }
 

@@ -9,8 +9,8 @@ namespace gradflow {
 namespace {
 // Applies the option's normalisation to one projection (or copies it through).
 template <typename Scalar>
-void normalize_projection(const AttentionOptions& options, bool is_value, const Mat<Scalar>& raw, Mat<Scalar>& out,
-                          Mat<Scalar>& inv) {
+void normalize_projection(const AttentionOptions& options, bool is_value, const Mat<Scalar>& raw,
+                          Mat<Scalar>& out, Mat<Scalar>& inv) {
   switch (options.qkv_norm) {
     case QkvNorm::per_head_qkv:
       norm_forward(options.norm, options.heads, raw, out, inv);
@@ -29,10 +29,11 @@ void normalize_projection(const AttentionOptions& options, bool is_value, const 
 
 // d_raw = (d normalisation)^T d_out, or d_out itself when the projection is not normalised.
 template <typename Scalar>
-const Mat<Scalar>& projection_backward(const AttentionOptions& options, bool is_value, const Mat<Scalar>& normed,
-                                       const Mat<Scalar>& inv, const Mat<Scalar>& d_out, Mat<Scalar>& d_raw) {
-  const bool normalised = options.qkv_norm == QkvNorm::per_head_qkv ||
-                          (!is_value && options.qkv_norm != QkvNorm::none);
+const Mat<Scalar>& projection_backward(const AttentionOptions& options, bool is_value,
+                                       const Mat<Scalar>& normed, const Mat<Scalar>& inv,
+                                       const Mat<Scalar>& d_out, Mat<Scalar>& d_raw) {
+  const bool normalised =
+      options.qkv_norm == QkvNorm::per_head_qkv || (!is_value && options.qkv_norm != QkvNorm::none);
   if (!normalised) return d_out;
   d_raw.setZero(d_out.rows(), d_out.cols());
   if (options.qkv_norm == QkvNorm::per_head_qk_unit) {
@@ -46,8 +47,8 @@ const Mat<Scalar>& projection_backward(const AttentionOptions& options, bool is_
 }  // namespace
 
 template <typename Scalar>
-void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
-                       AttentionCache<Scalar>& cache, Mat<Scalar>& out) {
+void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
+                       const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
   const Scalar scale = static_cast<Scalar>(options.score_scale);
   cache.q_raw.noalias() = x * w.w_q;  // (T, d)
@@ -61,7 +62,8 @@ void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, c
   cache.context.resize(tokens, width);
   for (int h = 0; h < options.heads; ++h) {
     Mat<Scalar>& probs = cache.probs[h];  // (T, T), zero above the diagonal (causal mask)
-    probs.noalias() = cache.q.middleCols(h * head_dim, head_dim) * cache.k.middleCols(h * head_dim, head_dim).transpose();
+    probs.noalias() =
+        cache.q.middleCols(h * head_dim, head_dim) * cache.k.middleCols(h * head_dim, head_dim).transpose();
     for (Eigen::Index i = 0; i < tokens; ++i) {
       auto row = probs.row(i);
       auto visible = row.head(i + 1);
@@ -71,15 +73,16 @@ void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, c
       visible /= visible.sum();
       row.tail(tokens - i - 1).setZero();
     }
-    cache.context.middleCols(h * head_dim, head_dim).noalias() = probs * cache.v.middleCols(h * head_dim, head_dim);
+    cache.context.middleCols(h * head_dim, head_dim).noalias() =
+        probs * cache.v.middleCols(h * head_dim, head_dim);
   }
   out.noalias() = cache.context * w.w_o;  // (T, d)
 }
 
 template <typename Scalar>
-void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
-                        AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>& dx,
-                        ParamGradSquares* param_grads) {
+void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
+                        const AttentionOptions& options, AttentionCache<Scalar>& cache,
+                        const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
   const Eigen::Index probes = d_out.rows() / tokens;
   const Scalar scale = static_cast<Scalar>(options.score_scale);
@@ -108,7 +111,8 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, 
   const auto add_param_grad = [&](const Mat<Scalar>& input_gram, const Mat<Scalar>& d_output) {
     if (!param_grads) return;
     for (Eigen::Index k = 0; k < probes; ++k) {
-      (*param_grads)[k] += weight_grad_squared_norm<Scalar>(input_gram, d_output.middleRows(k * tokens, tokens));
+      (*param_grads)[k] +=
+          weight_grad_squared_norm<Scalar>(input_gram, d_output.middleRows(k * tokens, tokens));
     }
   };
   if (param_grads) add_param_grad(cache.context * cache.context.transpose(), d_out);
@@ -148,20 +152,22 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
       // softmax JVP: dP = P (dS - rowsum(P dS)); masked entries have P = 0.
       const Vec<Scalar> row_dot = (cache.d_scores.array() * probs.array()).rowwise().sum();
       cache.d_probs = probs.array() * (cache.d_scores.colwise() - row_dot).array();
-      cache.d_context.block(k * tokens, h * head_dim, tokens, head_dim).noalias() = cache.d_probs * v + probs * dv;
+      cache.d_context.block(k * tokens, h * head_dim, tokens, head_dim).noalias() =
+          cache.d_probs * v + probs * dv;
     }
   }
   d_out.noalias() = cache.d_context * w.w_o;  // (P*T, d)
 }
 
-#define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                                    \
-  template void attention_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                     \
-                                          const AttentionOptions&, AttentionCache<Scalar>&, Mat<Scalar>&);        \
-  template void attention_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                    \
-                                           const AttentionOptions&, AttentionCache<Scalar>&, const Mat<Scalar>&, \
-                                           Mat<Scalar>&, ParamGradSquares*);                                   \
-  template void attention_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const AttentionOptions&, \
-                                      AttentionCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);
+#define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                              \
+  template void attention_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,               \
+                                          const AttentionOptions&, AttentionCache<Scalar>&, Mat<Scalar>&);  \
+  template void attention_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,              \
+                                           const AttentionOptions&, AttentionCache<Scalar>&,                \
+                                           const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*);            \
+  template void attention_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                   \
+                                      const AttentionOptions&, AttentionCache<Scalar>&, const Mat<Scalar>&, \
+                                      Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_ATTENTION(float)
 GRADFLOW_INSTANTIATE_ATTENTION(double)
 

@@ -12,7 +12,8 @@ void gelu_forward(const Mat<Scalar>& x, Mat<Scalar>& y) {
   y.resize(x.rows(), x.cols());
   const Scalar* in = x.data();
   Scalar* out = y.data();
-  for (Eigen::Index i = 0; i < x.size(); ++i) out[i] = Scalar(0.5) * in[i] * (Scalar(1) + std::erf(in[i] * inv_sqrt2));
+  for (Eigen::Index i = 0; i < x.size(); ++i)
+    out[i] = Scalar(0.5) * in[i] * (Scalar(1) + std::erf(in[i] * inv_sqrt2));
 }
 
 template <typename Scalar>
@@ -27,20 +28,23 @@ void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx)
     Scalar* d_in = dx.data() + block;
     for (Eigen::Index i = 0; i < per_probe; ++i) {
       const Scalar v = in[i];
-      const Scalar slope = Scalar(0.5) * (Scalar(1) + std::erf(v * inv_sqrt2)) + v * inv_sqrt_2pi * std::exp(Scalar(-0.5) * v * v);
+      const Scalar slope = Scalar(0.5) * (Scalar(1) + std::erf(v * inv_sqrt2)) +
+                           v * inv_sqrt_2pi * std::exp(Scalar(-0.5) * v * v);
       d_in[i] += d_out[i] * slope;
     }
   }
 }
 
 template <typename Scalar>
-double weight_grad_squared_norm(const Mat<Scalar>& input_gram, const Eigen::Ref<const Mat<Scalar>>& d_output) {
+double weight_grad_squared_norm(const Mat<Scalar>& input_gram,
+                                const Eigen::Ref<const Mat<Scalar>>& d_output) {
   const Mat<Scalar> output_gram = d_output * d_output.transpose();  // (T, T)
   return (input_gram.template cast<double>().array() * output_gram.template cast<double>().array()).sum();
 }
 
 template <typename Scalar>
-void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, Mat<Scalar>& out) {
+void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
+                 Mat<Scalar>& out) {
   cache.hidden_pre.noalias() = x * w.w_1;  // (T, 4d)
   gelu_forward(cache.hidden_pre, cache.hidden);
   out.noalias() = cache.hidden * w.w_2;  // (T, d)
@@ -59,18 +63,20 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
     param_grads->assign(probes, 0.0);
     const Mat<Scalar> hidden_gram = cache.hidden * cache.hidden.transpose(), x_gram = x * x.transpose();
     for (Eigen::Index k = 0; k < probes; ++k) {
-      (*param_grads)[k] = weight_grad_squared_norm<Scalar>(hidden_gram, d_out.middleRows(k * tokens, tokens)) +
-                          weight_grad_squared_norm<Scalar>(x_gram, cache.d_hidden_pre.middleRows(k * tokens, tokens));
+      (*param_grads)[k] =
+          weight_grad_squared_norm<Scalar>(hidden_gram, d_out.middleRows(k * tokens, tokens)) +
+          weight_grad_squared_norm<Scalar>(x_gram, cache.d_hidden_pre.middleRows(k * tokens, tokens));
     }
   }
 }
 
 template <typename Scalar>
-void ffn_jvp(const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out) {
+void ffn_jvp(const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, const Mat<Scalar>& d_x,
+             Mat<Scalar>& d_out) {
   cache.d_hidden.noalias() = d_x * w.w_1;  // (P*T, 4d)
   cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
   gelu_backward(cache.hidden_pre, cache.d_hidden, cache.d_hidden_pre);  // GELU's Jacobian is diagonal
-  d_out.noalias() = cache.d_hidden_pre * w.w_2;  // (P*T, d)
+  d_out.noalias() = cache.d_hidden_pre * w.w_2;                         // (P*T, d)
 }
 
 template <typename Scalar>
@@ -90,16 +96,18 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
   }
 }
 
-#define GRADFLOW_INSTANTIATE_FFN(Scalar)                                                                          \
-  template double weight_grad_squared_norm<Scalar>(const Mat<Scalar>&, const Eigen::Ref<const Mat<Scalar>>&);   \
-  template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                           \
-  template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);                      \
-  template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&,        \
-                                    Mat<Scalar>&);                                                                \
-  template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&,       \
-                                     const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*);                        \
-  template void ffn_jvp<Scalar>(const SublayerWeights<Scalar>&, FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&); \
-  template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                       \
+#define GRADFLOW_INSTANTIATE_FFN(Scalar)                                                                    \
+  template double weight_grad_squared_norm<Scalar>(const Mat<Scalar>&,                                      \
+                                                   const Eigen::Ref<const Mat<Scalar>>&);                   \
+  template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                     \
+  template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);                \
+  template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&,  \
+                                    Mat<Scalar>&);                                                          \
+  template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&, \
+                                     const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*);                  \
+  template void ffn_jvp<Scalar>(const SublayerWeights<Scalar>&, FfnCache<Scalar>&, const Mat<Scalar>&,      \
+                                Mat<Scalar>&);                                                              \
+  template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                 \
   template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_FFN(float)
 GRADFLOW_INSTANTIATE_FFN(double)

@@ -102,12 +102,12 @@ void unit_rows_backward(int groups, const Mat<Scalar>& y, const Mat<Scalar>& inv
   }
 }
 
-#define GRADFLOW_INSTANTIATE_NORM(Scalar)                                                                     \
-  template void norm_forward<Scalar>(NormKind, int, const Mat<Scalar>&, Mat<Scalar>&, Mat<Scalar>&);          \
-  template void norm_backward<Scalar>(NormKind, int, const Mat<Scalar>&, const Mat<Scalar>&, const Mat<Scalar>&, \
-                                      Mat<Scalar>&);                                                          \
-  template void unit_rows_forward<Scalar>(int, const Mat<Scalar>&, Mat<Scalar>&, Mat<Scalar>&);               \
-  template void unit_rows_backward<Scalar>(int, const Mat<Scalar>&, const Mat<Scalar>&, const Mat<Scalar>&,   \
+#define GRADFLOW_INSTANTIATE_NORM(Scalar)                                                                   \
+  template void norm_forward<Scalar>(NormKind, int, const Mat<Scalar>&, Mat<Scalar>&, Mat<Scalar>&);        \
+  template void norm_backward<Scalar>(NormKind, int, const Mat<Scalar>&, const Mat<Scalar>&,                \
+                                      const Mat<Scalar>&, Mat<Scalar>&);                                    \
+  template void unit_rows_forward<Scalar>(int, const Mat<Scalar>&, Mat<Scalar>&, Mat<Scalar>&);             \
+  template void unit_rows_backward<Scalar>(int, const Mat<Scalar>&, const Mat<Scalar>&, const Mat<Scalar>&, \
                                            Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_NORM(float)
 GRADFLOW_INSTANTIATE_NORM(double)

@@ -1,9 +1,10 @@
 // CSV reporter: tidy RFC 4180 rows, one per (arch, blocks, seed, state index), with the main
 // configuration repeated as columns so that concatenated files stay self-describing. Sublayer
 // figures on row l describe sublayer l (x_l -> x_{l+1}) and are empty on the last row.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <fmt/format.h>
 #include <set>
 
 #include "gradflow/report.hpp"
@@ -11,7 +12,9 @@
 namespace gradflow {
 
 namespace {
-std::string cell(double value) { return std::isfinite(value) ? fmt::format("{}", value) : std::string(); }
+std::string cell(double value) {
+  return std::isfinite(value) ? fmt::format("{}", value) : std::string();
+}
 
 // Union of the multi-stream names across the report, in first-seen order.
 std::vector<std::string> stream_names(const AnalysisReport& report) {
@@ -41,9 +44,10 @@ void write_csv(const AnalysisReport& report, std::ostream& out) {
       for (int l = 0; l <= sublayers; ++l) {
         const bool has_sublayer = l < sublayers;
         const ModelConfig& c = result.config;
-        out << result.arch->id << ',' << c.blocks << ',' << sublayers << ',' << c.width << ',' << c.heads << ',' << c.seq
-            << ',' << to_string(c.norm) << ',' << to_string(c.init) << ',' << to_string(c.precision) << ',' << seed.seed
-            << ',' << l << ',' << (has_sublayer ? to_string(seed.kinds[l]) : "") << ','
+        out << result.arch->id << ',' << c.blocks << ',' << sublayers << ',' << c.width << ',' << c.heads
+            << ',' << c.seq << ',' << to_string(c.norm) << ',' << to_string(c.init) << ','
+            << to_string(c.precision) << ',' << seed.seed << ',' << l << ','
+            << (has_sublayer ? to_string(seed.kinds[l]) : "") << ','
             << (has_sublayer ? fmt::format("{}", seed.blocks[l]) : "");
         for (const auto& column : seed.states.values) out << ',' << cell(column[l]);
         for (const auto& column : seed.sublayers.values) out << ',' << (has_sublayer ? cell(column[l]) : "");

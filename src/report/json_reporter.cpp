@@ -10,8 +10,9 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-
-json number(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
+json number(double value) {
+  return std::isfinite(value) ? json(value) : json(nullptr);
+}
 
 json numbers(const std::vector<double>& values) {
   json out = json::array();
@@ -47,7 +48,8 @@ json seed_to_json(const SeedResult& seed) {
 
   json kinds = json::array();
   for (const SublayerKind kind : seed.kinds) kinds.push_back(to_string(kind));
-  json sublayers = {{"index", index_range(static_cast<int>(seed.kinds.size()))}, {"kind", kinds}, {"block", seed.blocks}};
+  json sublayers = {
+      {"index", index_range(static_cast<int>(seed.kinds.size()))}, {"kind", kinds}, {"block", seed.blocks}};
   sublayers.update(columns_to_json(seed.sublayers));
 
   json stream_growth = json::object();
@@ -88,12 +90,17 @@ json spread_arrays(const std::vector<const std::vector<double>*>& per_seed) {
     const Spread sp = spread(samples);
     mean[i] = sp.mean, std[i] = sp.std, low[i] = sp.ci95_low, high[i] = sp.ci95_high;
   }
-  return {{"mean", numbers(mean)}, {"std", numbers(std)}, {"ci95_low", numbers(low)}, {"ci95_high", numbers(high)}};
+  return {{"mean", numbers(mean)},
+          {"std", numbers(std)},
+          {"ci95_low", numbers(low)},
+          {"ci95_high", numbers(high)}};
 }
 
 json spread_to_json(const std::vector<double>& samples) {
   const Spread sp = spread(samples);
-  return {{"mean", number(sp.mean)}, {"std", number(sp.std)}, {"ci95_low", number(sp.ci95_low)},
+  return {{"mean", number(sp.mean)},
+          {"std", number(sp.std)},
+          {"ci95_low", number(sp.ci95_low)},
           {"ci95_high", number(sp.ci95_high)}};
 }
 
@@ -192,7 +199,9 @@ json report_to_json(const AnalysisReport& report) {
           {"timing", {{"total_seconds", report.total_seconds}}}};
 }
 
-void write_json(const AnalysisReport& report, std::ostream& out) { out << report_to_json(report).dump() << '\n'; }
+void write_json(const AnalysisReport& report, std::ostream& out) {
+  out << report_to_json(report).dump() << '\n';
+}
 
 json architecture_to_json(const Architecture& arch, const ModelConfig& config) {
   json constants = json::array();

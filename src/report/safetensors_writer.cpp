@@ -6,8 +6,8 @@
 
 namespace gradflow {
 
-void write_safetensors(const std::vector<NamedTensor>& tensors, Precision precision, const nlohmann::ordered_json& metadata,
-                       std::ostream& out) {
+void write_safetensors(const std::vector<NamedTensor>& tensors, Precision precision,
+                       const nlohmann::ordered_json& metadata, std::ostream& out) {
   static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
   const std::size_t scalar_bytes = precision == Precision::f32 ? 4 : 8;
   nlohmann::ordered_json header = {{"__metadata__", metadata}};
@@ -26,10 +26,12 @@ void write_safetensors(const std::vector<NamedTensor>& tensors, Precision precis
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   for (const NamedTensor& t : tensors) {
     if (precision == Precision::f64) {
-      out.write(reinterpret_cast<const char*>(t.values.data()), static_cast<std::streamsize>(t.values.size() * 8));
+      out.write(reinterpret_cast<const char*>(t.values.data()),
+                static_cast<std::streamsize>(t.values.size() * 8));
     } else {
       std::vector<float> narrow(t.values.begin(), t.values.end());
-      out.write(reinterpret_cast<const char*>(narrow.data()), static_cast<std::streamsize>(narrow.size() * 4));
+      out.write(reinterpret_cast<const char*>(narrow.data()),
+                static_cast<std::streamsize>(narrow.size() * 4));
     }
   }
 }

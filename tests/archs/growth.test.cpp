@@ -11,7 +11,9 @@
 
 using namespace gradflow;
 
-TEST_CASE("growth_class at depth 256 matches expected_growth for every placement, and architectures.md's families") {
+TEST_CASE(
+    "growth_class at depth 256 matches expected_growth for every placement, and architectures.md's "
+    "families") {
   ModelConfig config;
   config.blocks = 256;
   config.width = 128;
@@ -19,8 +21,8 @@ TEST_CASE("growth_class at depth 256 matches expected_growth for every placement
   // architectures.md: bounded for post-ln, deepnorm, keel, admin, ngpt, hybridnorm; 1/2 for pre-ln,
   // peri-ln, olmo2, the d stream of resi-dual and the Y stream of siamese-norm; exactly 0 for rezero.
   const std::map<std::string, std::string> families = {
-      {"post-ln", "bounded"}, {"deepnorm", "bounded"}, {"keel", "bounded"}, {"admin", "bounded"},
-      {"ngpt", "bounded"},    {"hybridnorm", "bounded"}, {"pre-ln", "sqrt"}, {"peri-ln", "sqrt"},
+      {"post-ln", "bounded"}, {"deepnorm", "bounded"},   {"keel", "bounded"}, {"admin", "bounded"},
+      {"ngpt", "bounded"},    {"hybridnorm", "bounded"}, {"pre-ln", "sqrt"},  {"peri-ln", "sqrt"},
       {"olmo2", "sqrt"},      {"rezero", "bounded"}};
   const std::map<std::string, std::pair<std::string, std::string>> stream_families = {
       {"resi-dual", {"d", "sqrt"}}, {"siamese-norm", {"Y", "sqrt"}}};
@@ -38,6 +40,7 @@ TEST_CASE("growth_class at depth 256 matches expected_growth for every placement
         if (stream.name == family->second.first) CHECK(stream.growth.growth_class == family->second.second);
       }
     }
-    if (arch.id == "rezero") CHECK(std::abs(result.growth.exponent) < 1e-12);  // constant rms: 0 up to rounding
+    if (arch.id == "rezero")
+      CHECK(std::abs(result.growth.exponent) < 1e-12);  // constant rms: 0 up to rounding
   }
 }

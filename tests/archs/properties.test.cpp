@@ -2,9 +2,9 @@
 // states, the profiled Admin weights against an independent re-run of the recurrence, and the
 // stated constants.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
-#include <fmt/format.h>
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/errors.hpp"
@@ -125,11 +125,13 @@ TEST_CASE("admin: the profiled weights satisfy w_{l+1}^2 = w_l^2 + Var[F_l] (ind
       ffn_forward(x, weights, ffn, f);
     }
     CAPTURE(l);
-    CHECK(result.sublayers.at("skip_gain_theory")[l] == doctest::Approx(w / std::sqrt(w * w + 1)).epsilon(1e-12));
+    CHECK(result.sublayers.at("skip_gain_theory")[l] ==
+          doctest::Approx(w / std::sqrt(w * w + 1)).epsilon(1e-12));
     const Mat<double> sum = w * x + f;
     Mat<double> inv_scale;
     norm_forward(NormKind::rms, 1, sum, x, inv_scale);
-    CHECK(result.states.at("rms")[l + 1] == doctest::Approx(std::sqrt(x.squaredNorm() / x.size())).epsilon(1e-12));
+    CHECK(result.states.at("rms")[l + 1] ==
+          doctest::Approx(std::sqrt(x.squaredNorm() / x.size())).epsilon(1e-12));
     const double mean = f.mean();
     w = std::sqrt(w * w + f.squaredNorm() / f.size() - mean * mean);  // Liu et al. 2020, Alg. 1
   }
@@ -149,7 +151,8 @@ TEST_CASE("mix-ln: the first floor(r B) blocks are post-ln, the rest pre-ln") {
     for (int l = 0; l < config.sublayers(); ++l) {
       CAPTURE(blocks);
       CAPTURE(l);
-      const double branch_rms = mix.sublayers.at("branch_rms")[l], share = mix.sublayers.at("stream_share")[l];
+      const double branch_rms = mix.sublayers.at("branch_rms")[l],
+                   share = mix.sublayers.at("stream_share")[l];
       if (l < boundary) {
         CHECK(branch_rms == post.sublayers.at("branch_rms")[l]);
         CHECK(share == post.sublayers.at("stream_share")[l]);
@@ -175,10 +178,14 @@ TEST_CASE("deepnorm: alpha = (2B)^(1/4), beta = (8B)^(-1/4), and beta scales W_V
   for (const int blocks : {1, 6, 64, 1000}) {
     ModelConfig config;
     config.blocks = blocks;
-    CHECK(constant("deepnorm", config, "alpha") == doctest::Approx(std::pow(2.0 * blocks, 0.25)).epsilon(1e-15));
-    CHECK(constant("deepnorm", config, "beta") == doctest::Approx(std::pow(8.0 * blocks, -0.25)).epsilon(1e-15));
-    CHECK(constant("deepnorm-glm", config, "alpha") == doctest::Approx(std::sqrt(2.0 * blocks)).epsilon(1e-15));
-    CHECK(constant("deepnorm-glm", config, "beta") == doctest::Approx(1 / std::sqrt(2.0 * blocks)).epsilon(1e-15));
+    CHECK(constant("deepnorm", config, "alpha") ==
+          doctest::Approx(std::pow(2.0 * blocks, 0.25)).epsilon(1e-15));
+    CHECK(constant("deepnorm", config, "beta") ==
+          doctest::Approx(std::pow(8.0 * blocks, -0.25)).epsilon(1e-15));
+    CHECK(constant("deepnorm-glm", config, "alpha") ==
+          doctest::Approx(std::sqrt(2.0 * blocks)).epsilon(1e-15));
+    CHECK(constant("deepnorm-glm", config, "beta") ==
+          doctest::Approx(1 / std::sqrt(2.0 * blocks)).epsilon(1e-15));
   }
   for (const char* id : {"deepnorm", "deepnorm-glm"}) {
     ModelConfig config;
@@ -221,7 +228,8 @@ TEST_CASE("deepscalelm: b^2 = 2/S and l^2 + b^2 = 1; its skip factor is l") {
       ModelConfig config;
       config.blocks = blocks;
       config.block = block;
-      const double beta = constant("deepscalelm", config, "beta"), lambda = constant("deepscalelm", config, "lambda");
+      const double beta = constant("deepscalelm", config, "beta"),
+                   lambda = constant("deepscalelm", config, "lambda");
       CAPTURE(blocks);
       CHECK(beta * beta == doctest::Approx(2.0 / config.sublayers()).epsilon(1e-14));
       CHECK(lambda * lambda + beta * beta == doctest::Approx(1.0).epsilon(1e-14));
@@ -234,7 +242,8 @@ TEST_CASE("deepscalelm: b^2 = 2/S and l^2 + b^2 = 1; its skip factor is l") {
   const ModelConfig config = small_f64();
   const SeedResult result = run("deepscalelm", config);
   for (int l = 0; l < config.sublayers(); ++l) {
-    CHECK(result.sublayers.at("skip_gain")[l] == doctest::Approx(constant("deepscalelm", config, "lambda")).epsilon(1e-12));
+    CHECK(result.sublayers.at("skip_gain")[l] ==
+          doctest::Approx(constant("deepscalelm", config, "lambda")).epsilon(1e-12));
   }
 }
 
@@ -264,7 +273,8 @@ TEST_CASE("multi-stream states: resi-dual and siamese-norm carry two streams, sp
   for (int l = 0; l <= config.sublayers(); ++l) {
     CAPTURE(l);
     CHECK(std::isfinite(h_rms[l]) == (l % 2 == 1));
-    if (l % 2 == 0 && l > 0) CHECK(span.states.at("rms")[l] == doctest::Approx(1.0).epsilon(1e-5));  // N2 output
+    if (l % 2 == 0 && l > 0)
+      CHECK(span.states.at("rms")[l] == doctest::Approx(1.0).epsilon(1e-5));  // N2 output
   }
   CHECK(find_architecture("span-norm").provisional);
   CHECK(find_architecture("sandwich-ln").id == "peri-ln");

@@ -1,7 +1,6 @@
 // Every registered placement: the whole stack's input gradient against central differences
 // (float64), across block kinds, norms and inits.
 #include <doctest/doctest.h>
-
 #include <fmt/format.h>
 
 #include "gradflow/analysis.hpp"
@@ -17,7 +16,8 @@ double whole_stack_error(const ModelConfig& config, const Architecture& arch) {
   const auto tensors = run_tensors(config, arch, constants, 3);
   Eigen::MatrixXd input(config.seq, config.width);
   for (Eigen::Index i = 0; i < input.rows(); ++i) {
-    for (Eigen::Index j = 0; j < input.cols(); ++j) input(i, j) = tensors.front().values[i * input.cols() + j];
+    for (Eigen::Index j = 0; j < input.cols(); ++j)
+      input(i, j) = tensors.front().values[i * input.cols() + j];
   }
   const double h = 1e-5;
   Eigen::MatrixXd numeric(config.seq, config.width);

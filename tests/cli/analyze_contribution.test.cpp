@@ -1,9 +1,8 @@
 // The real binary: issue 4's flags reach the JSON, and --exact-jacobian refuses large inputs (exit 2).
 #include <doctest/doctest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace {
@@ -24,8 +23,9 @@ Run run_binary(const std::string& arguments) {
 }  // namespace
 
 TEST_CASE("analyze --angles all --spectrum 2 --exact-jacobian writes the new figures to JSON") {
-  const Run run = run_binary("analyze --arch pre-ln --depth 2 --width 8 --heads 2 --seq 4 --precision f64 --probes 4 "
-                             "--angles all --spectrum 2 --exact-jacobian -q");
+  const Run run = run_binary(
+      "analyze --arch pre-ln --depth 2 --width 8 --heads 2 --seq 4 --precision f64 --probes 4 "
+      "--angles all --spectrum 2 --exact-jacobian -q");
   REQUIRE(run.exit_code == 0);
   const auto doc = nlohmann::json::parse(run.output);
   const auto& seed = doc["runs"][0]["seeds"][0];
@@ -33,7 +33,8 @@ TEST_CASE("analyze --angles all --spectrum 2 --exact-jacobian writes the new fig
   for (const char* name : {"token_cos", "erank", "log10_singular_value_2", "log10_jacobian_fro_exact"}) {
     CHECK(seed["states"].contains(name));
   }
-  for (const char* name : {"output_share", "output_share_se", "stream_decomposition", "angle", "log10_param_grad"}) {
+  for (const char* name :
+       {"output_share", "output_share_se", "stream_decomposition", "angle", "log10_param_grad"}) {
     CHECK(seed["sublayers"].contains(name));
   }
   CHECK(seed["summary"]["effective_depth"].is_number());

@@ -2,10 +2,10 @@
 // `gradflow analyze --arch all --depth 64` gives valid JSON with finite figures, the right
 // sublayer counts and the stated constants (issue 3, acceptance 1 and 5).
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
-#include <sys/wait.h>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -34,7 +34,8 @@ bool all_numbers(const json& array) {
 }
 }  // namespace
 
-TEST_CASE("gradflow archs lists at least 19 placements, each with an arXiv citation; span-norm is provisional") {
+TEST_CASE(
+    "gradflow archs lists at least 19 placements, each with an arXiv citation; span-norm is provisional") {
   const auto [out, code] = run_binary("archs --format json --depth 64");
   REQUIRE(code == 0);
   const json doc = json::parse(out);
@@ -57,7 +58,9 @@ TEST_CASE("gradflow archs lists at least 19 placements, each with an arXiv citat
   CHECK(keel.find("bounded") != std::string::npos);
 }
 
-TEST_CASE("gradflow analyze --arch all --depth 64: every placement, finite figures, 128 sublayers, stated constants") {
+TEST_CASE(
+    "gradflow analyze --arch all --depth 64: every placement, finite figures, 128 sublayers, stated "
+    "constants") {
   const auto [out, code] = run_binary("analyze --arch all --depth 64 -q");
   REQUIRE(code == 0);
   const json doc = json::parse(out);  // throws on invalid JSON
@@ -70,7 +73,8 @@ TEST_CASE("gradflow analyze --arch all --depth 64: every placement, finite figur
     const json& seed = run.at("seeds").at(0);
     CHECK(seed.at("summary").at("diverged").is_null());
     CHECK(seed.at("states").at("index").size() == 129);
-    for (const char* name : {"rms", "log10_grad", "log10_grad_rel"}) CHECK(all_numbers(seed.at("states").at(name)));
+    for (const char* name : {"rms", "log10_grad", "log10_grad_rel"})
+      CHECK(all_numbers(seed.at("states").at(name)));
     CHECK(seed.at("sublayers").at("index").size() == 128);
     for (const char* name : {"gain", "skip_gain", "branch_gain", "branch_rms", "stream_share"}) {
       CAPTURE(name);

@@ -103,7 +103,8 @@ TEST_CASE("pre-ln stream_share falls like l^(-1/2) at depth 256 (4 seeds, l >= S
     slope_sum += fit_line(log_l, log_share).slope;
   }
   const double slope = slope_sum / 4;
-  MESSAGE("fitted slope of log stream_share vs log l: " << slope << " ("
-          << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s)");
+  MESSAGE("fitted slope of log stream_share vs log l: "
+          << slope << " (" << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+          << " s)");
   CHECK(std::abs(slope + 0.5) <= 0.1);
 }

@@ -1,6 +1,5 @@
 // Same seed, same numbers: bit-identical across repeated runs and thread counts.
 #include <doctest/doctest.h>
-
 #include <omp.h>
 
 #include <cstring>
@@ -15,7 +14,8 @@ bool bit_identical(const FigureColumns& a, const FigureColumns& b) {
   if (a.names != b.names) return false;
   for (std::size_t c = 0; c < a.values.size(); ++c) {
     if (a.values[c].size() != b.values[c].size()) return false;
-    if (std::memcmp(a.values[c].data(), b.values[c].data(), a.values[c].size() * sizeof(double)) != 0) return false;
+    if (std::memcmp(a.values[c].data(), b.values[c].data(), a.values[c].size() * sizeof(double)) != 0)
+      return false;
   }
   return true;
 }

@@ -47,7 +47,8 @@ TEST_CASE("post-ln: measured skip factor is 1/sqrt(2) per sublayer, up to the no
   for (int l = 0; l < sublayers; ++l) log10_skip_product += std::log10(skip[l]);
   CHECK(std::abs(log10_skip_product - (-sublayers / 2.0) * std::log10(2.0)) < 0.1);
   // The full gain also carries the branch: (I + R) scales by sqrt(2) and cancels the norm's 1/sqrt(2).
-  for (int l = 1; l < sublayers - 1; ++l) CHECK(run.sublayers.at("gain")[l] == doctest::Approx(1.0).epsilon(1e-5));
+  for (int l = 1; l < sublayers - 1; ++l)
+    CHECK(run.sublayers.at("gain")[l] == doctest::Approx(1.0).epsilon(1e-5));
 }
 
 TEST_CASE("keel: measured skip factor is S/sqrt(S^2+1) beyond its first two sublayers, within 1/d") {
@@ -56,8 +57,8 @@ TEST_CASE("keel: measured skip factor is S/sqrt(S^2+1) beyond its first two subl
   const auto& skip = run.sublayers.at("skip_gain");
   const auto& theory = run.sublayers.at("skip_gain_theory");
   const double s = sublayers, closed_form = s / std::sqrt(s * s + 1.0);
-  CHECK(theory[0] == doctest::Approx(1.0));                     // v2: first attention is plain pre-ln
-  CHECK(theory[1] == doctest::Approx(1.0 / std::sqrt(2.0)));    // v2: first FFN uses a = 1
+  CHECK(theory[0] == doctest::Approx(1.0));                   // v2: first attention is plain pre-ln
+  CHECK(theory[1] == doctest::Approx(1.0 / std::sqrt(2.0)));  // v2: first FFN uses a = 1
   for (int l = 2; l < sublayers; ++l) {
     CAPTURE(l);
     CHECK(theory[l] == doctest::Approx(closed_form).epsilon(1e-15));
@@ -67,7 +68,8 @@ TEST_CASE("keel: measured skip factor is S/sqrt(S^2+1) beyond its first two subl
   }
 }
 
-TEST_CASE("the closed forms at the Keel paper's depths: (1+1/S^2)^(-S/2) is 0.9922 at S = 64, 0.99902 at S = 512") {
+TEST_CASE(
+    "the closed forms at the Keel paper's depths: (1+1/S^2)^(-S/2) is 0.9922 at S = 64, 0.99902 at S = 512") {
   for (const auto& [s, expected] : {std::pair{64.0, 0.9922}, std::pair{512.0, 0.99902}}) {
     const double per_sublayer = s / std::sqrt(s * s + 1.0);
     CHECK(std::pow(per_sublayer, s) == doctest::Approx(expected).epsilon(1e-4));

@@ -32,20 +32,25 @@ TEST_CASE("log10_param_grad equals log10 of the central-difference norm of dL/dW
     for (int l = 0; l < config.sublayers(); ++l) {
       const bool attention = config.sublayer_kind(l) == SublayerKind::attn;
       const std::vector<std::pair<WeightMatrix, long long>> matrices =
-          attention ? std::vector<std::pair<WeightMatrix, long long>>{{WeightMatrix::q, 16}, {WeightMatrix::k, 16},
-                                                                      {WeightMatrix::v, 16}, {WeightMatrix::o, 16}}
-                    : std::vector<std::pair<WeightMatrix, long long>>{{WeightMatrix::up, 64}, {WeightMatrix::down, 64}};
+          attention ? std::vector<std::pair<WeightMatrix, long long>>{{WeightMatrix::q, 16},
+                                                                      {WeightMatrix::k, 16},
+                                                                      {WeightMatrix::v, 16},
+                                                                      {WeightMatrix::o, 16}}
+                    : std::vector<std::pair<WeightMatrix, long long>>{{WeightMatrix::up, 64},
+                                                                      {WeightMatrix::down, 64}};
       double squared = 0;
       for (const auto& [matrix, entries] : matrices) {
         for (long long e = 0; e < entries; ++e) {
           const double slope = (nudged_loss(config, arch, constants, l, matrix, e, h) -
-                                nudged_loss(config, arch, constants, l, matrix, e, -h)) / (2 * h);
+                                nudged_loss(config, arch, constants, l, matrix, e, -h)) /
+                               (2 * h);
           squared += slope * slope;
         }
       }
       CAPTURE(id);
       CAPTURE(l);
-      CHECK(run.sublayers.at("log10_param_grad")[l] == doctest::Approx(0.5 * std::log10(squared)).epsilon(1e-7));
+      CHECK(run.sublayers.at("log10_param_grad")[l] ==
+            doctest::Approx(0.5 * std::log10(squared)).epsilon(1e-7));
     }
   }
 }

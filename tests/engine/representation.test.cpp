@@ -8,15 +8,16 @@
 
 using namespace gradflow;
 
-TEST_CASE("plain attention-only stack: token_cos rises from ~0 to > 0.99 within 8 sublayers (default width)") {
+TEST_CASE(
+    "plain attention-only stack: token_cos rises from ~0 to > 0.99 within 8 sublayers (default width)") {
   ModelConfig config;
   config.blocks = 8;
   config.block = BlockKind::attn;
   const Architecture& arch = find_architecture("plain");
   const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 0);
   const auto& token_cos = run.states.at("token_cos");
-  MESSAGE("plain attn token_cos by state: " << token_cos[0] << " " << token_cos[1] << " " << token_cos[2] << " "
-          << token_cos[4] << " " << token_cos[8]);
+  MESSAGE("plain attn token_cos by state: " << token_cos[0] << " " << token_cos[1] << " " << token_cos[2]
+                                            << " " << token_cos[4] << " " << token_cos[8]);
   CHECK(std::abs(token_cos[0]) < 0.05);
   CHECK(token_cos[8] > 0.99);
   CHECK(run.states.at("erank")[8] < run.states.at("erank")[0]);

@@ -1,9 +1,9 @@
 // Line fits, growth classes and spreads.
+#include "gradflow/statistics.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
-
-#include "gradflow/statistics.hpp"
 
 using namespace gradflow;
 

@@ -24,7 +24,8 @@ TEST_CASE("attention_backward matches central differences for every q/k/v normal
   const int d = 8, heads = 2;
   const auto w = attention_weights(d, 21);
   const MatD x = random_matrix(5, d, 25);
-  for (const QkvNorm qkv : {QkvNorm::none, QkvNorm::per_head_qkv, QkvNorm::full_qk, QkvNorm::per_head_qk_unit}) {
+  for (const QkvNorm qkv :
+       {QkvNorm::none, QkvNorm::per_head_qkv, QkvNorm::full_qk, QkvNorm::per_head_qk_unit}) {
     for (const NormKind norm : {NormKind::rms, NormKind::layer}) {
       CAPTURE(static_cast<int>(qkv));
       CAPTURE(to_string(norm));
@@ -68,7 +69,8 @@ TEST_CASE("attention_jvp matches central differences for every q/k/v normalisati
   const int d = 8, heads = 2;
   const auto w = attention_weights(d, 41);
   const MatD x = random_matrix(5, d, 45);
-  for (const QkvNorm qkv : {QkvNorm::none, QkvNorm::per_head_qkv, QkvNorm::full_qk, QkvNorm::per_head_qk_unit}) {
+  for (const QkvNorm qkv :
+       {QkvNorm::none, QkvNorm::per_head_qkv, QkvNorm::full_qk, QkvNorm::per_head_qk_unit}) {
     for (const NormKind norm : {NormKind::rms, NormKind::layer, NormKind::dyt}) {
       CAPTURE(static_cast<int>(qkv));
       CAPTURE(to_string(norm));

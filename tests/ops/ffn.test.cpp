@@ -63,7 +63,8 @@ TEST_CASE("ffn_backward matches central differences, and its parameter gradient 
     }
   }
   REQUIRE(squares.size() == 1);
-  CHECK(std::abs(std::sqrt(squares[0]) - std::sqrt(numeric)) <= kFiniteDifferenceTolerance * std::sqrt(numeric));
+  CHECK(std::abs(std::sqrt(squares[0]) - std::sqrt(numeric)) <=
+        kFiniteDifferenceTolerance * std::sqrt(numeric));
 }
 
 TEST_CASE("rotation branch: as large as its input, orthogonal to it, and its backward is the transpose") {

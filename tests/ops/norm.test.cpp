@@ -50,7 +50,8 @@ TEST_CASE("RMSNorm output has unit RMS per token and LayerNorm zero mean, unit v
   const MatD x = random_matrix(6, 32, 3, 4.0);
   MatD y, stats;
   norm_forward(NormKind::rms, 1, x, y, stats);
-  for (Eigen::Index t = 0; t < y.rows(); ++t) CHECK(std::sqrt(y.row(t).squaredNorm() / 32) == doctest::Approx(1.0).epsilon(1e-6));
+  for (Eigen::Index t = 0; t < y.rows(); ++t)
+    CHECK(std::sqrt(y.row(t).squaredNorm() / 32) == doctest::Approx(1.0).epsilon(1e-6));
   norm_forward(NormKind::layer, 1, x, y, stats);
   for (Eigen::Index t = 0; t < y.rows(); ++t) {
     CHECK(y.row(t).mean() == doctest::Approx(0.0).epsilon(1e-12));
@@ -64,5 +65,6 @@ TEST_CASE("the norm's Jacobian removes the radial direction (scale invariance)")
   MatD y, stats, dx = MatD::Zero(3, 16);
   norm_forward(NormKind::rms, 1, x, y, stats);
   norm_backward(NormKind::rms, 1, y, stats, random_matrix(3, 16, 5), dx);
-  for (Eigen::Index t = 0; t < 3; ++t) CHECK(std::abs(dx.row(t).dot(x.row(t))) < 1e-5 * dx.row(t).norm() * x.row(t).norm());
+  for (Eigen::Index t = 0; t < 3; ++t)
+    CHECK(std::abs(dx.row(t).dot(x.row(t))) < 1e-5 * dx.row(t).norm() * x.row(t).norm());
 }

@@ -23,8 +23,8 @@ inline MatD random_matrix(Eigen::Index rows, Eigen::Index cols, unsigned seed, d
 // cotangents stacked as in the engine. forward: x (T, n) -> y (T, m); backward: (x, dy (K*T, m))
 // -> dx (K*T, n). Central differences of <dy_k, forward(x)> with step h.
 inline double backward_relative_error(const MatD& x, const std::function<MatD(const MatD&)>& forward,
-                                      const std::function<MatD(const MatD&, const MatD&)>& backward, int probes = 2,
-                                      double h = 1e-6, unsigned seed = 7) {
+                                      const std::function<MatD(const MatD&, const MatD&)>& backward,
+                                      int probes = 2, double h = 1e-6, unsigned seed = 7) {
   const MatD y = forward(x);
   const Eigen::Index tokens = x.rows();
   const MatD cotangent = random_matrix(probes * tokens, y.cols(), seed);
@@ -39,7 +39,8 @@ inline double backward_relative_error(const MatD& x, const std::function<MatD(co
       const MatD down = forward(shifted);
       shifted(i, j) = x(i, j);
       for (int k = 0; k < probes; ++k) {
-        numeric(k * tokens + i, j) = (cotangent.middleRows(k * tokens, tokens).cwiseProduct(up - down)).sum() / (2 * h);
+        numeric(k * tokens + i, j) =
+            (cotangent.middleRows(k * tokens, tokens).cwiseProduct(up - down)).sum() / (2 * h);
       }
     }
   }
