@@ -20,6 +20,8 @@
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/graph.hpp"
+#include "gradflow/initialization.hpp"
+#include "gradflow/representation.hpp"
 #include "gradflow/rng.hpp"
 
 namespace gradflow {
@@ -71,131 +73,6 @@ double log_rms(const std::vector<double>& log_values) {
   double sum = 0;
   for (double v : log_values) sum += std::exp(2.0 * (v - top));
   return top + 0.5 * std::log(sum / static_cast<double>(log_values.size()));
-}
-
-// The tokens of a state as rows, streams concatenated per token: (T, streams * d), in double.
-template <typename Scalar>
-Eigen::MatrixXd token_rows(const State<Scalar>& state, std::size_t streams) {
-  const Eigen::Index tokens = state.front().rows(), width = state.front().cols();
-  Eigen::MatrixXd rows(tokens, static_cast<Eigen::Index>(streams) * width);
-  for (std::size_t s = 0; s < streams; ++s)
-    rows.middleCols(s * width, width) = state[s].template cast<double>();
-  return rows;
-}
-
-// Rows scaled to unit norm (zero rows stay zero).
-Eigen::MatrixXd unit_rows(Eigen::MatrixXd rows) {
-  for (Eigen::Index t = 0; t < rows.rows(); ++t) {
-    const double norm = rows.row(t).norm();
-    if (norm > 0) rows.row(t) /= norm;
-  }
-  return rows;
-}
-
-// Mean over tokens of arccos(cos(a[t], b[t])) / pi, from unit rows (metrics.md `angle`).
-double mean_angular_distance(const Eigen::MatrixXd& unit_a, const Eigen::MatrixXd& unit_b) {
-  double sum = 0;
-  for (Eigen::Index t = 0; t < unit_a.rows(); ++t) {
-    sum += std::acos(std::clamp(unit_a.row(t).dot(unit_b.row(t)), -1.0, 1.0));
-  }
-  return sum / (std::numbers::pi * static_cast<double>(unit_a.rows()));
-}
-
-// Mean pairwise cosine between distinct token rows: (norm(sum_t u_t)^2 - T) / (T (T - 1)) for
-// unit rows u_t; NaN for a single token.
-double mean_token_cosine(const Eigen::MatrixXd& unit) {
-  const double tokens = static_cast<double>(unit.rows());
-  if (tokens < 2) return kNaN;
-  return (unit.colwise().sum().squaredNorm() - tokens) / (tokens * (tokens - 1));
-}
-
-// Effective rank exp(H(p)), p_i = s_i / sum s over the singular values s of x (Roy & Vetterli
-// 2007, "The effective rank: a measure of effective dimensionality"); the s_i come from the
-// eigenvalues of the smaller Gram matrix.
-double effective_rank(const Eigen::MatrixXd& rows) {
-  const Eigen::MatrixXd gram = rows.rows() <= rows.cols() ? Eigen::MatrixXd(rows * rows.transpose())
-                                                          : Eigen::MatrixXd(rows.transpose() * rows);
-  const Eigen::VectorXd eigenvalues =
-      Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(gram, Eigen::EigenvaluesOnly).eigenvalues();
-  const Eigen::ArrayXd singular = eigenvalues.array().max(0.0).sqrt();
-  const double total = singular.sum();
-  if (!(total > 0)) return kNaN;
-  double entropy = 0;
-  for (const double s : singular) {
-    if (s > 0) entropy -= (s / total) * std::log(s / total);
-  }
-  return std::exp(entropy);
-}
-
-// Base init (architectures.md "Base initialisation"): the standard deviation of one matrix.
-double base_stddev(const ModelConfig& config, WeightMatrix matrix, Eigen::Index fan_in,
-                   Eigen::Index fan_out) {
-  const bool output_projection = matrix == WeightMatrix::o || matrix == WeightMatrix::down;
-  const double depth_scale = output_projection ? 1.0 / std::sqrt(2.0 * config.blocks) : 1.0;
-  switch (config.init) {
-    case InitKind::xavier:  // Glorot & Bengio 2010, normal form
-      return std::sqrt(2.0 / static_cast<double>(fan_in + fan_out));
-    case InitKind::gpt2:  // Radford et al. 2019: N(0, 0.02^2), residual projections / sqrt(2B)
-      return 0.02 * depth_scale;
-    case InitKind::small:  // Nguyen & Salazar 2019 "small init" sqrt(2/(5d)), as OLMo / HybridNorm use it
-      return std::sqrt(2.0 / (5.0 * config.width)) * depth_scale;
-  }
-  return kNaN;
-}
-
-template <typename Scalar>
-void generate_weights(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx,
-                      std::uint64_t seed, SublayerWeights<Scalar>& weights) {
-  const auto fill = [&](Mat<Scalar>& m, Eigen::Index rows, Eigen::Index cols, WeightMatrix which) {
-    m.resize(rows, cols);
-    const double gain = arch.init_gain ? arch.init_gain(ctx, which) : 1.0;
-    const double stddev = base_stddev(config, which, rows, cols) * gain;
-    fill_normal(stream_key(seed, RandomUse::weight, ctx.sublayer, static_cast<std::uint64_t>(which)),
-                static_cast<Scalar>(stddev), m.data(), static_cast<std::size_t>(m.size()));
-  };
-  const Eigen::Index d = config.width, hidden = config.ffn_hidden();
-  if (ctx.kind == SublayerKind::attn) {
-    fill(weights.w_q, d, d, WeightMatrix::q);
-    fill(weights.w_k, d, d, WeightMatrix::k);
-    fill(weights.w_v, d, d, WeightMatrix::v);
-    fill(weights.w_o, d, d, WeightMatrix::o);
-  } else {
-    fill(weights.w_1, d, hidden, WeightMatrix::up);
-    fill(weights.w_2, hidden, d, WeightMatrix::down);
-  }
-  if (config.weight_nudge && config.weight_nudge->sublayer == ctx.sublayer) {  // test-only hook
-    const auto& nudge = *config.weight_nudge;
-    Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v,
-                               &weights.w_o, &weights.w_1, &weights.w_2};
-    matrices[nudge.matrix]->data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
-  }
-}
-
-// x_0[t] = sqrt(r) c + sqrt(1 - r) e_t with c, e_t i.i.d. N(0, I) rows (architectures.md "Inputs").
-template <typename Scalar>
-Mat<Scalar> make_input(const ModelConfig& config, std::uint64_t seed) {
-  Mat<Scalar> x(config.seq, config.width);
-  fill_normal(stream_key(seed, RandomUse::input, 0), Scalar(1), x.data(), static_cast<std::size_t>(x.size()));
-  if (config.input_corr > 0.0) {
-    Mat<Scalar> shared(1, config.width);
-    fill_normal(stream_key(seed, RandomUse::input, 1), Scalar(1), shared.data(),
-                static_cast<std::size_t>(shared.size()));
-    x *= static_cast<Scalar>(std::sqrt(1.0 - config.input_corr));
-    x.rowwise() += static_cast<Scalar>(std::sqrt(config.input_corr)) * shared.row(0);
-  }
-  return x;
-}
-
-// The probes U_k stacked as K blocks of T rows.
-template <typename Scalar>
-Mat<Scalar> make_probes(const ModelConfig& config, std::uint64_t seed) {
-  Mat<Scalar> probes(static_cast<Eigen::Index>(config.probes) * config.seq, config.width);
-  const Eigen::Index block = static_cast<Eigen::Index>(config.seq) * config.width;
-  for (int k = 0; k < config.probes; ++k) {
-    fill_normal(stream_key(seed, RandomUse::probe, k), Scalar(1), probes.data() + k * block,
-                static_cast<std::size_t>(block));
-  }
-  return probes;
 }
 
 template <typename Scalar>

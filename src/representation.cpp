@@ -1,0 +1,60 @@
+// Representation figures: token similarity, effective rank, angular distance.
+#include "gradflow/representation.hpp"
+
+#include <Eigen/Eigenvalues>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numbers>
+
+namespace gradflow {
+
+namespace {
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+}
+
+// Rows scaled to unit norm (zero rows stay zero).
+Eigen::MatrixXd unit_rows(Eigen::MatrixXd rows) {
+  for (Eigen::Index t = 0; t < rows.rows(); ++t) {
+    const double norm = rows.row(t).norm();
+    if (norm > 0) rows.row(t) /= norm;
+  }
+  return rows;
+}
+
+// Mean over tokens of arccos(cos(a[t], b[t])) / pi, from unit rows (metrics.md `angle`).
+double mean_angular_distance(const Eigen::MatrixXd& unit_a, const Eigen::MatrixXd& unit_b) {
+  double sum = 0;
+  for (Eigen::Index t = 0; t < unit_a.rows(); ++t) {
+    sum += std::acos(std::clamp(unit_a.row(t).dot(unit_b.row(t)), -1.0, 1.0));
+  }
+  return sum / (std::numbers::pi * static_cast<double>(unit_a.rows()));
+}
+
+// Mean pairwise cosine between distinct token rows: (norm(sum_t u_t)^2 - T) / (T (T - 1)) for
+// unit rows u_t; NaN for a single token.
+double mean_token_cosine(const Eigen::MatrixXd& unit) {
+  const double tokens = static_cast<double>(unit.rows());
+  if (tokens < 2) return kNaN;
+  return (unit.colwise().sum().squaredNorm() - tokens) / (tokens * (tokens - 1));
+}
+
+// Effective rank exp(H(p)), p_i = s_i / sum s over the singular values s of x (Roy & Vetterli
+// 2007, "The effective rank: a measure of effective dimensionality"); the s_i come from the
+// eigenvalues of the smaller Gram matrix.
+double effective_rank(const Eigen::MatrixXd& rows) {
+  const Eigen::MatrixXd gram = rows.rows() <= rows.cols() ? Eigen::MatrixXd(rows * rows.transpose())
+                                                          : Eigen::MatrixXd(rows.transpose() * rows);
+  const Eigen::VectorXd eigenvalues =
+      Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(gram, Eigen::EigenvaluesOnly).eigenvalues();
+  const Eigen::ArrayXd singular = eigenvalues.array().max(0.0).sqrt();
+  const double total = singular.sum();
+  if (!(total > 0)) return kNaN;
+  double entropy = 0;
+  for (const double s : singular) {
+    if (s > 0) entropy -= (s / total) * std::log(s / total);
+  }
+  return std::exp(entropy);
+}
+
+}  // namespace gradflow
