@@ -45,6 +45,7 @@ int run_analyze(const AnalyzeOptions& options) {
   validate(model);
   const auto archs = parse_architecture_list(options.arch);
   check_alpha_applies(model, archs, options.arch);
+  warn_unused_placement_options(options.model, archs);
   std::vector<std::uint64_t> seeds;
   if (options.seeds > 0) {
     for (int s = 0; s < options.seeds; ++s) seeds.push_back(static_cast<std::uint64_t>(s));

@@ -33,6 +33,7 @@ struct ModelOptions {
   ModelConfig model;
   std::string block = "attn-ffn", norm = "rms", init = "xavier", precision = "f32";
   bool ideal_branch = false;
+  const CLI::Option* mix_ratio_flag = nullptr;  // to tell a given --mix-ratio from its default
 };
 void add_model_options(CLI::App* sub, ModelOptions& options);
 // The configuration the flags describe (depth and width as set on options.model), validated.
@@ -40,6 +41,9 @@ ModelConfig resolve_model(const ModelOptions& options);
 // Refuses --alpha when no placement of `archs` accepts it; warns for those that ignore it.
 void check_alpha_applies(const ModelConfig& model, const std::vector<const Architecture*>& archs,
                          const std::string& arch_list);
+// Warns when --mix-ratio or --rezero-alpha is given but no placement of `archs` uses it.
+void warn_unused_placement_options(const ModelOptions& options,
+                                   const std::vector<const Architecture*>& archs);
 // Refuses up front a configuration whose `concurrent` runs would not fit in memory.
 void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent);
 

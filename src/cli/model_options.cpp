@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "commands.hpp"
 #include "gradflow/errors.hpp"
 
@@ -28,8 +30,8 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
          "Override the skip weight a of deepnorm, deepnorm-glm or keel (default: the paper's constant)")
       ->default_str("paper's constant");
   sub->add_option("--keel-variant", m.keel_variant, "Keel's first sublayers: v2 (paper v2) or v1");
-  sub->add_option("--mix-ratio", m.mix_ratio,
-                  "mix-ln: fraction r of blocks (the first floor(r B)) that are post-ln");
+  options.mix_ratio_flag = sub->add_option(
+      "--mix-ratio", m.mix_ratio, "mix-ln: fraction r of blocks (the first floor(r B)) that are post-ln");
   sub->add_option("--rezero-alpha", m.rezero_alpha, "rezero: the branch weight a (default 0, as at init)")
       ->default_str("0");
   sub->add_option("--probes", m.probes, "Random probes U per seed (per-state figures are RMS over probes)");
@@ -73,6 +75,21 @@ void check_alpha_applies(const ModelConfig& model, const std::vector<const Archi
   for (const Architecture* arch : archs) {
     if (!arch->accepts_alpha)
       fmt::print(stderr, "gradflow: warning: --alpha does not apply to {}; ignored there\n", arch->id);
+  }
+}
+
+void warn_unused_placement_options(const ModelOptions& options,
+                                   const std::vector<const Architecture*>& archs) {
+  const auto selected = [&](std::string_view id) {
+    return std::any_of(archs.begin(), archs.end(), [&](const Architecture* arch) { return arch->id == id; });
+  };
+  if (options.mix_ratio_flag && options.mix_ratio_flag->count() > 0 && !selected("mix-ln")) {
+    fmt::print(stderr,
+               "gradflow: warning: --mix-ratio applies to mix-ln only; ignored (add mix-ln to --arch)\n");
+  }
+  if (options.model.rezero_alpha && !selected("rezero")) {
+    fmt::print(stderr,
+               "gradflow: warning: --rezero-alpha applies to rezero only; ignored (add rezero to --arch)\n");
   }
 }
 

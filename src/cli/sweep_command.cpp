@@ -96,6 +96,7 @@ int run_sweep(const SweepOptions& options) {
     }
   }
   check_alpha_applies(model, archs, options.arch);
+  warn_unused_placement_options(options.model, archs);
   ModelConfig largest = model;
   largest.blocks = *std::max_element(grid.depths.begin(), grid.depths.end());
   largest.width = *std::max_element(grid.widths.begin(), grid.widths.end());

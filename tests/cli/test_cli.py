@@ -125,6 +125,18 @@ def bad_input_names_the_value_and_the_fix_and_writes_nothing():
 
 
 @test
+def placement_options_given_for_other_placements_warn():
+    proc = run("analyze", "--arch", "keel", "--depth", "1", "--width", "16", "--seq", "4", "--mix-ratio", "0.5",
+               "--rezero-alpha", "0.1", "-q")
+    assert "--mix-ratio applies to mix-ln only" in proc.stderr, proc.stderr
+    assert "--rezero-alpha applies to rezero only" in proc.stderr, proc.stderr
+    json.loads(proc.stdout)
+    quiet = run("analyze", "--arch", "mix-ln,rezero", "--depth", "1", "--width", "16", "--seq", "4", "--mix-ratio", "0.5",
+                "--rezero-alpha", "0.1", "-q")
+    assert "warning" not in quiet.stderr, quiet.stderr
+
+
+@test
 def unwritable_output_path_fails_before_any_work():
     proc = run("analyze", "--depth", "2", "-o", "/nonexistent-dir/out.json", check=False)
     assert proc.returncode == 2 and "/nonexistent-dir/out.json" in proc.stderr and "not writable" in proc.stderr, proc.stderr
