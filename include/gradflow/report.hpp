@@ -18,6 +18,10 @@ struct AnalysisReport {
   double total_seconds = 0.0;
 };
 
+// A double as JSON: the number, or null when it is not finite (the document's `diverged` says why).
+nlohmann::ordered_json json_number(double value);
+nlohmann::ordered_json json_numbers(const std::vector<double>& values);
+
 // The resolved configuration of one placement's run (every default explicit, constants included).
 nlohmann::ordered_json config_to_json(const ArchResult& result);
 nlohmann::ordered_json report_to_json(const AnalysisReport& report);

@@ -8,21 +8,21 @@ namespace gradflow {
 
 using json = nlohmann::ordered_json;
 
-namespace {
-
-json number(double value) {
+json json_number(double value) {
   return std::isfinite(value) ? json(value) : json(nullptr);
 }
 
-json numbers(const std::vector<double>& values) {
+json json_numbers(const std::vector<double>& values) {
   json out = json::array();
-  for (double v : values) out.push_back(number(v));
+  for (double v : values) out.push_back(json_number(v));
   return out;
 }
 
+namespace {
 json columns_to_json(const FigureColumns& columns) {
   json out = json::object();
-  for (std::size_t i = 0; i < columns.names.size(); ++i) out[columns.names[i]] = numbers(columns.values[i]);
+  for (std::size_t i = 0; i < columns.names.size(); ++i)
+    out[columns.names[i]] = json_numbers(columns.values[i]);
   return out;
 }
 
@@ -33,8 +33,8 @@ json index_range(int count) {
 }
 
 json growth_to_json(const GrowthFit& fit) {
-  return {{"exponent", number(fit.exponent)},
-          {"standard_error", number(fit.standard_error)},
+  return {{"exponent", json_number(fit.exponent)},
+          {"standard_error", json_number(fit.standard_error)},
           {"class", fit.growth_class},
           {"fitted_states", {fit.first_state, fit.first_state + fit.points - 1}}};
 }
@@ -55,16 +55,16 @@ json seed_to_json(const SeedResult& seed) {
   json stream_growth = json::object();
   for (const auto& stream : seed.streams) stream_growth[stream.name] = growth_to_json(stream.growth);
   json summary = {
-      {"log10_grad_ratio", number(seed.log10_grad_ratio)},
-      {"gain_min", {{"value", number(seed.gain_min.value)}, {"sublayer", seed.gain_min.sublayer}}},
-      {"gain_max", {{"value", number(seed.gain_max.value)}, {"sublayer", seed.gain_max.sublayer}}},
-      {"growth_exponent", number(seed.growth.exponent)},
-      {"growth_exponent_se", number(seed.growth.standard_error)},
+      {"log10_grad_ratio", json_number(seed.log10_grad_ratio)},
+      {"gain_min", {{"value", json_number(seed.gain_min.value)}, {"sublayer", seed.gain_min.sublayer}}},
+      {"gain_max", {{"value", json_number(seed.gain_max.value)}, {"sublayer", seed.gain_max.sublayer}}},
+      {"growth_exponent", json_number(seed.growth.exponent)},
+      {"growth_exponent_se", json_number(seed.growth.standard_error)},
       {"growth_class", seed.growth.growth_class},
       {"growth_fit", growth_to_json(seed.growth)},
       {"stream_growth", stream_growth},
-      {"effective_depth", number(seed.effective_depth)},
-      {"stream_decomposition_input", number(seed.stream_decomposition_input)},
+      {"effective_depth", json_number(seed.effective_depth)},
+      {"stream_decomposition_input", json_number(seed.stream_decomposition_input)},
       {"diverged", nullptr},
   };
   if (seed.diverged) {
@@ -75,7 +75,7 @@ json seed_to_json(const SeedResult& seed) {
   json out = {{"seed", seed.seed}, {"states", states}, {"sublayers", sublayers}, {"summary", summary}};
   if (!seed.angles_matrix.empty()) {
     json matrix = json::array();
-    for (const auto& row : seed.angles_matrix) matrix.push_back(numbers(row));
+    for (const auto& row : seed.angles_matrix) matrix.push_back(json_numbers(row));
     out["angles_matrix"] = matrix;
   }
   out["timing"] = {{"seconds", seed.seconds}};
@@ -90,18 +90,18 @@ json spread_arrays(const std::vector<const std::vector<double>*>& per_seed) {
     const Spread sp = spread(samples);
     mean[i] = sp.mean, std[i] = sp.std, low[i] = sp.ci95_low, high[i] = sp.ci95_high;
   }
-  return {{"mean", numbers(mean)},
-          {"std", numbers(std)},
-          {"ci95_low", numbers(low)},
-          {"ci95_high", numbers(high)}};
+  return {{"mean", json_numbers(mean)},
+          {"std", json_numbers(std)},
+          {"ci95_low", json_numbers(low)},
+          {"ci95_high", json_numbers(high)}};
 }
 
 json spread_to_json(const std::vector<double>& samples) {
   const Spread sp = spread(samples);
-  return {{"mean", number(sp.mean)},
-          {"std", number(sp.std)},
-          {"ci95_low", number(sp.ci95_low)},
-          {"ci95_high", number(sp.ci95_high)}};
+  return {{"mean", json_number(sp.mean)},
+          {"std", json_number(sp.std)},
+          {"ci95_low", json_number(sp.ci95_low)},
+          {"ci95_high", json_number(sp.ci95_high)}};
 }
 
 json aggregate_columns(const std::vector<SeedResult>& seeds, const FigureColumns SeedResult::*member) {

@@ -13,24 +13,14 @@ namespace gradflow {
 using json = nlohmann::ordered_json;
 
 namespace {
-json number(double value) {
-  return std::isfinite(value) ? json(value) : json(nullptr);
-}
-
-json numbers(const std::vector<double>& values) {
-  json out = json::array();
-  for (double v : values) out.push_back(number(v));
-  return out;
-}
-
 double to_double(const json& value) {
   return value.is_number() ? value.get<double>() : std::nan("");
 }
 
 json bootstrap_to_json(const BootstrapFit& fit) {
-  return {{"value", number(fit.slope)},
-          {"ci95_low", number(fit.ci95_low)},
-          {"ci95_high", number(fit.ci95_high)},
+  return {{"value", json_number(fit.slope)},
+          {"ci95_low", json_number(fit.ci95_low)},
+          {"ci95_high", json_number(fit.ci95_high)},
           {"depths_fitted", fit.depths}};
 }
 
@@ -125,7 +115,7 @@ json sweep_document(const json& manifest, const std::vector<json>& cells) {
                     {"width", f.cell.width},
                     {"seed", f.cell.seed},
                     {"file", "cells/" + cell_file_name(f.cell)},
-                    {"rms_final", number(f.rms_final)},
+                    {"rms_final", json_number(f.rms_final)},
                     {"log10_grad_ratio", summary["log10_grad_ratio"]},
                     {"growth_exponent", summary["growth_exponent"]},
                     {"growth_class", summary["growth_class"]},
@@ -142,8 +132,8 @@ json sweep_document(const json& manifest, const std::vector<json>& cells) {
                     {"width", fit.width},
                     {"blocks", fit.depths},
                     {"sublayers", fit.sublayers},
-                    {"rms_final_geometric_mean", numbers(fit.mean_rms_final)},
-                    {"log10_grad_ratio_mean", numbers(fit.mean_log10_grad_ratio)},
+                    {"rms_final_geometric_mean", json_numbers(fit.mean_rms_final)},
+                    {"log10_grad_ratio_mean", json_numbers(fit.mean_log10_grad_ratio)},
                     {"growth_exponent", bootstrap_to_json(fit.growth_exponent)},
                     {"growth_class", fit.growth_class},
                     {"log10_grad_ratio_slope", ratio_slope}});
