@@ -24,9 +24,12 @@ Eigen::MatrixXd unit_rows(Eigen::MatrixXd rows) {
 
 // Mean over tokens of arccos(cos(a[t], b[t])) / pi, from unit rows (metrics.md `angle`).
 double mean_angular_distance(const Eigen::MatrixXd& unit_a, const Eigen::MatrixXd& unit_b) {
+  // 2 atan2(|u - v|, |u + v|) equals arccos(u . v) for unit u, v, but stays accurate near 0 and pi
+  // (Kahan, "How futile are mindless assessments of roundoff", 2006): identical rows give exactly
+  // 0 instead of arccos's amplified rounding noise (~1e-10).
   double sum = 0;
   for (Eigen::Index t = 0; t < unit_a.rows(); ++t) {
-    sum += std::acos(std::clamp(unit_a.row(t).dot(unit_b.row(t)), -1.0, 1.0));
+    sum += 2.0 * std::atan2((unit_a.row(t) - unit_b.row(t)).norm(), (unit_a.row(t) + unit_b.row(t)).norm());
   }
   return sum / (std::numbers::pi * static_cast<double>(unit_a.rows()));
 }

@@ -1,8 +1,11 @@
 // token_cos, erank and angles: properties, and rank collapse of a plain attention-only stack
 // (Dong et al. 2021, arXiv 2103.03404; issue 4, acceptance 3).
+#include "gradflow/representation.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <numbers>
 
 #include "gradflow/analysis.hpp"
 
@@ -45,4 +48,29 @@ TEST_CASE("token_cos follows --input-corr at the input; erank and angles have th
       CHECK(run.sublayers.at("angle")[l] <= 1.0);
     }
   }
+}
+
+TEST_CASE(
+    "mean_angular_distance: exactly 0 for identical rows, 1/2 orthogonal, 1 opposite, arccos otherwise") {
+  Eigen::MatrixXd u = Eigen::MatrixXd::Random(5, 7);
+  u = unit_rows(u);
+  CHECK(mean_angular_distance(u, u) == 0.0);
+  CHECK(mean_angular_distance(u, -u) == doctest::Approx(1.0));
+  Eigen::MatrixXd e1 = Eigen::MatrixXd::Zero(1, 3), e2 = Eigen::MatrixXd::Zero(1, 3);
+  e1(0, 0) = 1, e2(0, 1) = 1;
+  CHECK(mean_angular_distance(e1, e2) == doctest::Approx(0.5));
+  const Eigen::MatrixXd v = unit_rows(Eigen::MatrixXd::Random(5, 7));
+  double expected = 0;
+  for (Eigen::Index t = 0; t < 5; ++t) expected += std::acos(u.row(t).dot(v.row(t)));
+  CHECK(mean_angular_distance(u, v) == doctest::Approx(expected / (std::numbers::pi * 5)).epsilon(1e-12));
+}
+
+TEST_CASE("span-norm's attention sublayers leave the x stream unchanged: angle exactly 0") {
+  ModelConfig config;
+  config.blocks = 3;
+  config.width = 32;
+  config.seq = 8;
+  const Architecture& arch = find_architecture("span-norm");
+  const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 0);
+  for (int l = 0; l < config.sublayers(); l += 2) CHECK(run.sublayers.at("angle")[l] == 0.0);
 }
