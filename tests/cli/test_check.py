@@ -12,8 +12,9 @@ import sys
 import tempfile
 import time
 
+from cli_testing import finish, test
+
 BINARY = sys.argv[1] if len(sys.argv) > 1 else "build/gradflow"
-RESULTS = {"passed": 0, "failed": 0}
 SMALL = ["--depth", "4", "--width", "16", "--heads", "2", "--seq", "8", "--seeds", "2", "-q"]
 
 
@@ -21,16 +22,6 @@ def run(*args):
     return subprocess.run([BINARY, *args], capture_output=True, text=True)
 
 
-def test(function):
-    start = time.monotonic()
-    try:
-        function()
-        RESULTS["passed"] += 1
-        print(f"ok   {function.__name__} ({time.monotonic() - start:.1f} s)")
-    except AssertionError as error:
-        RESULTS["failed"] += 1
-        print(f"FAIL {function.__name__}: {error}")
-    return function
 
 
 def analyze(directory, name="run.json", archs="keel,pre-ln"):
@@ -161,5 +152,4 @@ def check_works_on_sweep_documents():
         assert proc.returncode == 1 and "| pre-ln | B8 d16 seed 1 | rms_final |" in proc.stdout, proc.stdout
 
 
-print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
-sys.exit(1 if RESULTS["failed"] else 0)
+finish()

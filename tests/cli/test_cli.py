@@ -12,8 +12,9 @@ import subprocess
 import sys
 import tempfile
 
+from cli_testing import finish, test
+
 BINARY = sys.argv[1] if len(sys.argv) > 1 else "build/gradflow"
-RESULTS = {"passed": 0, "failed": 0}
 
 
 def run(*args, check=True):
@@ -34,15 +35,6 @@ def without_timing(doc):
     return doc
 
 
-def test(function):
-    try:
-        function()
-        RESULTS["passed"] += 1
-        print(f"ok   {function.__name__}")
-    except AssertionError as error:
-        RESULTS["failed"] += 1
-        print(f"FAIL {function.__name__}: {error}")
-    return function
 
 
 @test
@@ -244,5 +236,4 @@ def markdown_is_a_table_with_one_row_per_placement():
     assert all(row.count("|") == rows[0].count("|") for row in rows), rows
 
 
-print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
-sys.exit(1 if RESULTS["failed"] else 0)
+finish()

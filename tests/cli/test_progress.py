@@ -16,13 +16,14 @@ import subprocess
 import sys
 import time
 
+from cli_testing import finish, test
+
 BINARY = sys.argv[1] if len(sys.argv) > 1 else "build/gradflow"
 # Long enough (a few seconds on a laptop core) for the bar's one-second delay to pass.
 LONG = ["analyze", "--arch", "pre-ln,post-ln", "--depth", "256", "--threads", "1"]
 SHORT = ["analyze", "--arch", "keel", "--depth", "2", "--width", "16", "--heads", "2", "--seq", "4"]
 # The bar as drawn: "label [####.....]  42.0%" (the JSON itself may contain "%", e.g. "95% t-interval").
 BAR = re.compile(r"\[[#.]{10,}\] +\d+\.\d%")
-RESULTS = {"passed": 0, "failed": 0}
 
 
 def run_with_terminal_stderr(args, command=None):
@@ -55,15 +56,6 @@ def run_with_terminal_stderr(args, command=None):
     return b"".join(stdout_chunks).decode(), b"".join(terminal_chunks).decode(errors="replace"), seconds
 
 
-def test(function):
-    try:
-        function()
-        RESULTS["passed"] += 1
-        print(f"ok   {function.__name__}")
-    except AssertionError as error:
-        RESULTS["failed"] += 1
-        print(f"FAIL {function.__name__}: {error}")
-    return function
 
 
 @test
@@ -108,5 +100,4 @@ def pipe_into_json_load_succeeds_with_the_bar_on_the_terminal():
     assert "Traceback" not in terminal and "Error" not in terminal, terminal[-500:]
 
 
-print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
-sys.exit(1 if RESULTS["failed"] else 0)
+finish()

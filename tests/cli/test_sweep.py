@@ -16,8 +16,9 @@ import sys
 import tempfile
 import time
 
+from cli_testing import finish, test
+
 BINARY = sys.argv[1] if len(sys.argv) > 1 else "build/gradflow"
-RESULTS = {"passed": 0, "failed": 0}
 # Small but long enough (a few seconds on one core) to be killed midway.
 GRID = ["--arch", "pre-ln,keel", "--depth", "16,32,64,128,256", "--width", "64", "--heads", "2", "--seq", "32", "--seeds", "3"]
 TOTAL_CELLS = 2 * 5 * 3
@@ -31,16 +32,6 @@ def run(*args, check=True):
     return proc
 
 
-def test(function):
-    start = time.monotonic()
-    try:
-        function()
-        RESULTS["passed"] += 1
-        print(f"ok   {function.__name__} ({time.monotonic() - start:.1f} s)")
-    except AssertionError as error:
-        RESULTS["failed"] += 1
-        print(f"FAIL {function.__name__}: {error}")
-    return function
 
 
 def cell_files(directory):
@@ -172,5 +163,4 @@ def sweep_help_says_shards_are_zero_based_and_bad_shards_are_refused():
     assert proc.returncode == 2 and "0-based" in proc.stderr, proc.stderr
 
 
-print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
-sys.exit(1 if RESULTS["failed"] else 0)
+finish()
