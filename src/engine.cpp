@@ -1,7 +1,9 @@
 // The engine: builds each sublayer from its recipe, runs the forward pass, then back-propagates
 // the probes with the gradient renormalised at every state and the log of each step's scale
 // accumulated in double (metrics.md, "The probe"). Activations are recomputed per sublayer during
-// the backward pass, so memory is the residual states plus one sublayer's working set.
+// the backward pass, so memory is the residual states plus one sublayer's working set. With two
+// cores every op runs as two fixed shards (shards.hpp) and the next sublayer's weights are drawn
+// by whichever core would otherwise wait; neither changes a number.
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -11,12 +13,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <limits>
-#include <mutex>
+#include <memory>
 #include <numbers>
 #include <numeric>
-#include <thread>
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/graph.hpp"
@@ -101,7 +101,7 @@ class Analysis {
     const auto start = std::chrono::steady_clock::now();
     result_.seed = seed_;
     allocate_figures();
-    start_prefetch_thread();
+    start_second_core();
     const Mat<Scalar> seed_input = make_input<Scalar>(config_, seed_);
     // Admin's profiled w is part of the init: it is profiled on the seed's own input and held
     // fixed for a replacement input (finite differences perturb x_0, not the init).
@@ -116,7 +116,7 @@ class Analysis {
     const bool complete = forward_ok && !result_.diverged;
     if (complete && config_.exact_jacobian) exact_jacobian();
     if (complete && config_.spectrum > 0) spectrum();
-    stop_prefetch_thread();
+    shards_.reset();
     summarize();
     result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return std::move(result_);
@@ -134,91 +134,54 @@ class Analysis {
   }
 
   BranchContext<Scalar> branch_context(const SublayerContext& ctx) const {
-    return BranchContext<Scalar>{ctx.kind, config_.branch, config_.norm, config_.heads, nullptr};
+    return BranchContext<Scalar>{ctx.kind, config_.branch, config_.norm, config_.heads, nullptr, shards_.get()};
   }
 
-  // Builds sublayer l's graph in pipeline slot `slot` with its weights in weight_buffers_[l % 2]
-  // (generated here unless a prefetch already did).
-  BranchContext<Scalar> prepare_sublayer(int l, int slot = 0) {
-    ensure_weights(l);
+  // Builds sublayer l's graph with its weights in weight_buffers_[l % 2], and starts drawing
+  // sublayer `next`'s weights (the one the pass needs after l) into the other buffer.
+  BranchContext<Scalar> prepare_sublayer(int l, int next = -1) {
+    ensure_weights(l, next);
     const SublayerContext ctx = context(l);
-    SublayerGraph& graph = graphs_[slot];
-    graph.reset(static_cast<int>(states_[l].size()));
-    arch_.build_sublayer(graph, ctx);
+    graph_.reset(static_cast<int>(states_[l].size()));
+    arch_.build_sublayer(graph_, ctx);
     BranchContext<Scalar> branch = branch_context(ctx);
     branch.weights = &weight_buffers_[l % 2];
     return branch;
   }
 
-  // Sublayer l's weights live in buffer l % 2, so the neighbour being prefetched (l + 1 in the
-  // forward pass, l - 1 in the backward pass) always goes to the other buffer.
-  void ensure_weights(int l) {
-    if (config_.branch != BranchKind::model || l < 0 || l >= sublayers_ || loaded_[l % 2] == l) return;
-    generate_weights(config_, arch_, context(l), seed_, weight_buffers_[l % 2]);
-    loaded_[l % 2] = l;
-  }
-
-  // What the second thread prepares for sublayer `next` while this one works on the current one:
-  // in the forward pass its weights; in the backward pass also its recomputed activations, in
-  // pipeline slot next % 2 (the current sublayer uses the other slot and weight buffer).
-  enum class Prefetch { weights, activations };
-
-  void prefetch(int next, Prefetch what) {
-    if (next < 0 || next >= sublayers_) return;
-    if (what == Prefetch::weights) return ensure_weights(next);
-    const int slot = next % 2;
-    branches_[slot] = prepare_sublayer(next, slot);
-    executors_[slot].forward(graphs_[slot], states_[next], branches_[slot]);
-  }
-
-  // Runs `work` while the prefetch thread prepares sublayer `next`. Everything prepared is a pure
-  // function of the stored states and (seed, sublayer, matrix), so the overlap changes no number.
-  template <typename Work>
-  void with_prefetch(int next, Prefetch what, Work&& work) {
-    if (!prefetch_thread_.joinable()) {
-      work();
-      return prefetch(next, what);
+  // Sublayer l's weights live in buffer l % 2. While sublayer l is worked on, the next one's are
+  // drawn into the other buffer by whichever core would otherwise wait (WeightDraw as the
+  // ShardPair's idle work); with one core they are drawn here when needed. Same values either way.
+  void ensure_weights(int l, int next) {
+    if (config_.branch != BranchKind::model) return;
+    const int buffer = l % 2;
+    if (loaded_[buffer] != l) {
+      if (drawing_[buffer] != l) start_draw(l);
+      draws_[buffer].finish();
+      nudge_weights(config_, context(l), weight_buffers_[buffer]);
+      loaded_[buffer] = l;
+      drawing_[buffer] = -1;
     }
-    {
-      std::lock_guard lock(prefetch_mutex_);
-      prefetch_request_ = next;
-      prefetch_what_ = what;
-    }
-    prefetch_wakeup_.notify_one();
-    work();
-    std::unique_lock lock(prefetch_mutex_);
-    prefetch_wakeup_.wait(lock, [&] { return prefetch_request_ == kNoRequest; });
-  }
-
-  static constexpr int kNoRequest = -2, kStop = -3;
-  void prefetch_loop() {
-    std::unique_lock lock(prefetch_mutex_);
-    for (;;) {
-      prefetch_wakeup_.wait(lock, [&] { return prefetch_request_ != kNoRequest; });
-      if (prefetch_request_ == kStop) return;
-      const int next = prefetch_request_;
-      const Prefetch what = prefetch_what_;
-      lock.unlock();
-      prefetch(next, what);
-      lock.lock();
-      prefetch_request_ = kNoRequest;
-      prefetch_wakeup_.notify_one();
+    if (next >= 0 && next < sublayers_ && loaded_[next % 2] != next && drawing_[next % 2] != next) {
+      start_draw(next);
     }
   }
-  void start_prefetch_thread() {
-    // A second core is used only when this run is alone: inside a parallel loop over runs the
-    // cores are already busy.
+
+  void start_draw(int l) {
+    const int buffer = l % 2;
+    if (shards_) shards_->set_idle_work(nullptr);  // the second core lets go of the old draw first
+    loaded_[buffer] = -1;
+    drawing_[buffer] = l;
+    draws_[buffer].plan(config_, arch_, context(l), seed_, weight_buffers_[buffer]);
+    if (shards_) shards_->set_idle_work(&draws_[buffer]);
+  }
+
+  // Both cores work on every sublayer: each op splits its work in two fixed shards (shards.hpp),
+  // so the thread count changes no number. The second core is used only when this run is alone:
+  // inside a parallel loop over runs the cores are already busy.
+  void start_second_core() {
     if (config_.branch != BranchKind::model || omp_get_max_threads() < 2 || omp_in_parallel()) return;
-    prefetch_thread_ = std::thread([this] { prefetch_loop(); });
-  }
-  void stop_prefetch_thread() {
-    if (!prefetch_thread_.joinable()) return;
-    {
-      std::lock_guard lock(prefetch_mutex_);
-      prefetch_request_ = kStop;
-    }
-    prefetch_wakeup_.notify_all();
-    prefetch_thread_.join();
+    shards_ = std::make_unique<ShardPair>(true);
   }
 
   void allocate_figures() {
@@ -279,11 +242,11 @@ class Analysis {
     auto& stream_share = result_.sublayers.at("stream_share");
     auto& skip_gain_theory = result_.sublayers.at("skip_gain_theory");
     for (int l = 0; l < sublayers_; ++l) {
-      const auto branch = prepare_sublayer(l);
+      const auto branch = prepare_sublayer(l, l + 1);
       if (arch_.profiles_skip_weight && arch_.skip_gain_theory) {  // w_l is known from here on
         skip_gain_theory[l] = arch_.skip_gain_theory(context(l)).value_or(kNaN);
       }
-      with_prefetch(l + 1, Prefetch::weights, [&] { executor_.forward(graph_, states_[l], branch); });
+      executor_.forward(graph_, states_[l], branch);
       State<Scalar>& next = states_[l + 1];
       next.resize(graph_.outputs().size());
       for (std::size_t s = 0; s < next.size(); ++s) next[s] = executor_.value(graph_.outputs()[s]);
@@ -445,15 +408,13 @@ class Analysis {
     auto& skip_gain = result_.sublayers.at("skip_gain");
     auto& branch_gain = result_.sublayers.at("branch_gain");
     std::vector<double> weight(probes);
-    prefetch(sublayers_ - 1, Prefetch::activations);  // recompute the top sublayer's activations
     for (int l = sublayers_ - 1; l >= 0; --l) {
-      const int slot = l % 2;
-      with_prefetch(l - 1, Prefetch::activations, [&] {
-        executors_[slot].backward(graphs_[slot], gradient_, false, branches_[slot], skip_part_);
-        executors_[slot].backward(graphs_[slot], gradient_, true, branches_[slot], previous_,
-                                  config_.branch == BranchKind::model ? &param_grads_ : nullptr);
-      });
-      record_contribution(l, slot);
+      const auto branch = prepare_sublayer(l, l - 1);  // recompute the activations from the stored state
+      executor_.forward(graph_, states_[l], branch);
+      executor_.backward(graph_, gradient_, false, branch, skip_part_);
+      executor_.backward(graph_, gradient_, true, branch, previous_,
+                         config_.branch == BranchKind::model ? &param_grads_ : nullptr);
+      record_contribution(l);
       // Probe-RMS gains: each probe weighted by its true squared norm at state l+1.
       const double top = *std::max_element(log_scale_.begin(), log_scale_.end());
       double total = 0, total_skip = 0, total_branch = 0, weights = 0;
@@ -669,10 +630,10 @@ class Analysis {
   // At sublayer l after the full backward, while log_scale_ still holds state l+1's scales:
   // the output contribution <dL/d update, update> per probe, log10_param_grad, and (additive
   // placements) the update's share of the exact decomposition of x_S.
-  void record_contribution(int l, int slot) {
+  void record_contribution(int l) {
     const int probes = config_.probes, tokens = config_.seq;
-    const auto& update = executors_[slot].value(graphs_[slot].update_id());
-    const auto& d_update = executors_[slot].cotangent(graphs_[slot].update_id());
+    const auto& update = executor_.value(graph_.update_id());
+    const auto& d_update = executor_.cotangent(graph_.update_id());
     const Eigen::MatrixXd update_d = update.template cast<double>();
     for (int k = 0; k < probes; ++k) {
       // The cotangent is probe k's dL/d update divided by exp(log_scale_[k]): keep the log.
@@ -782,20 +743,13 @@ class Analysis {
 
   SeedResult result_;
   std::vector<State<Scalar>> states_;
-  // Two pipeline slots: the backward pass works on sublayer l in slot l % 2 while sublayer l-1 is
-  // recomputed in the other. Everything else uses slot 0.
-  SublayerGraph graphs_[2];
-  GraphExecutor<Scalar> executors_[2];
-  BranchContext<Scalar> branches_[2];
-  SublayerGraph& graph_ = graphs_[0];
-  GraphExecutor<Scalar>& executor_ = executors_[0];
+  SublayerGraph graph_;
+  GraphExecutor<Scalar> executor_;
   SublayerWeights<Scalar> weight_buffers_[2];
-  int loaded_[2] = {-1, -1};  // which sublayer's weights each buffer holds
-  std::thread prefetch_thread_;
-  std::mutex prefetch_mutex_;
-  std::condition_variable prefetch_wakeup_;
-  int prefetch_request_ = kNoRequest;
-  Prefetch prefetch_what_ = Prefetch::weights;
+  int loaded_[2] = {-1, -1};   // which sublayer's weights each buffer holds, complete
+  int drawing_[2] = {-1, -1};  // which sublayer's weights each buffer is being drawn for
+  WeightDraw<Scalar> draws_[2];
+  std::unique_ptr<ShardPair> shards_;  // null: one core
   State<Scalar> cotangent_out_, gradient_, previous_, skip_part_;
   std::vector<double> log_scale_;  // per probe: log of the true norm of the current gradient
   ParamGradSquares param_grads_;

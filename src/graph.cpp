@@ -90,9 +90,10 @@ void GraphExecutor<Scalar>::forward(const SublayerGraph& graph, const std::vecto
         if (context.branch == BranchKind::rotation) {
           rotation_forward(a, out);
         } else if (context.kind == SublayerKind::attn) {
-          attention_forward(a, *context.weights, attention_options(graph, context), attention_, out);
+          attention_forward(a, *context.weights, attention_options(graph, context), attention_, out,
+                            context.shards);
         } else {
-          ffn_forward(a, *context.weights, ffn_, out);
+          ffn_forward(a, *context.weights, ffn_, out, context.shards);
         }
         break;
     }
@@ -134,9 +135,9 @@ void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vect
           rotation_backward(d_out, d_a);
         } else if (context.kind == SublayerKind::attn) {
           attention_backward(values_[node.lhs], *context.weights, attention_options(graph, context),
-                             attention_, d_out, d_a, param_grads);
+                             attention_, d_out, d_a, param_grads, context.shards);
         } else {
-          ffn_backward(values_[node.lhs], *context.weights, ffn_, d_out, d_a, param_grads);
+          ffn_backward(values_[node.lhs], *context.weights, ffn_, d_out, d_a, param_grads, context.shards);
         }
         break;
     }

@@ -1,6 +1,9 @@
 // Base init, inputs and probes from the counter-based generator.
 #include "gradflow/initialization.hpp"
 
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -25,31 +28,71 @@ double base_stddev(const ModelConfig& config, WeightMatrix matrix, Eigen::Index 
 }
 
 template <typename Scalar>
-void generate_weights(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx,
-                      std::uint64_t seed, SublayerWeights<Scalar>& weights) {
-  const auto fill = [&](Mat<Scalar>& m, Eigen::Index rows, Eigen::Index cols, WeightMatrix which) {
+void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx,
+                              std::uint64_t seed, SublayerWeights<Scalar>& weights) {
+  matrix_count_ = 0;
+  total_chunks_ = 0;
+  const auto add = [&](Mat<Scalar>& m, Eigen::Index rows, Eigen::Index cols, WeightMatrix which) {
     m.resize(rows, cols);
     const double gain = arch.init_gain ? arch.init_gain(ctx, which) : 1.0;
     const double stddev = base_stddev(config, which, rows, cols) * gain;
-    fill_normal(stream_key(seed, RandomUse::weight, ctx.sublayer, static_cast<std::uint64_t>(which)),
-                static_cast<Scalar>(stddev), m.data(), static_cast<std::size_t>(m.size()));
+    const auto size = static_cast<std::size_t>(m.size());
+    matrices_[matrix_count_++] = {m.data(),
+                                  stream_key(seed, RandomUse::weight, ctx.sublayer, static_cast<std::uint64_t>(which)),
+                                  static_cast<Scalar>(stddev), size, total_chunks_};
+    total_chunks_ += static_cast<int>((size + kNormalChunk - 1) / kNormalChunk);
   };
   const Eigen::Index d = config.width, hidden = config.ffn_hidden();
   if (ctx.kind == SublayerKind::attn) {
-    fill(weights.w_q, d, d, WeightMatrix::q);
-    fill(weights.w_k, d, d, WeightMatrix::k);
-    fill(weights.w_v, d, d, WeightMatrix::v);
-    fill(weights.w_o, d, d, WeightMatrix::o);
+    add(weights.w_q, d, d, WeightMatrix::q);
+    add(weights.w_k, d, d, WeightMatrix::k);
+    add(weights.w_v, d, d, WeightMatrix::v);
+    add(weights.w_o, d, d, WeightMatrix::o);
   } else {
-    fill(weights.w_1, d, hidden, WeightMatrix::up);
-    fill(weights.w_2, hidden, d, WeightMatrix::down);
+    add(weights.w_1, d, hidden, WeightMatrix::up);
+    add(weights.w_2, hidden, d, WeightMatrix::down);
   }
-  if (config.weight_nudge && config.weight_nudge->sublayer == ctx.sublayer) {  // test-only hook
-    const auto& nudge = *config.weight_nudge;
-    Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v,
-                               &weights.w_o, &weights.w_1, &weights.w_2};
-    matrices[nudge.matrix]->data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
+  done_.store(0, std::memory_order_relaxed);
+  next_.store(0, std::memory_order_release);
+}
+
+template <typename Scalar>
+bool WeightDraw<Scalar>::step() {
+  if (next_.load(std::memory_order_relaxed) >= total_chunks_) return false;
+  const int chunk = next_.fetch_add(1, std::memory_order_acquire);
+  if (chunk >= total_chunks_) return false;
+  int m = 0;
+  while (m + 1 < matrix_count_ && matrices_[m + 1].first_chunk <= chunk) ++m;
+  const Matrix& matrix = matrices_[m];
+  const std::size_t begin = static_cast<std::size_t>(chunk - matrix.first_chunk) * kNormalChunk;
+  const std::size_t end = std::min(matrix.size, begin + kNormalChunk);
+  fill_normal_range(matrix.key, matrix.stddev, matrix.data + begin, begin, end);
+  done_.fetch_add(1, std::memory_order_release);
+  return true;
+}
+
+template <typename Scalar>
+void WeightDraw<Scalar>::finish() {
+  while (step()) {
   }
+  while (done_.load(std::memory_order_acquire) < total_chunks_) _mm_pause();
+}
+
+template <typename Scalar>
+void nudge_weights(const ModelConfig& config, const SublayerContext& ctx, SublayerWeights<Scalar>& weights) {
+  if (!config.weight_nudge || config.weight_nudge->sublayer != ctx.sublayer) return;  // test-only hook
+  const auto& nudge = *config.weight_nudge;
+  Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2};
+  matrices[nudge.matrix]->data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
+}
+
+template <typename Scalar>
+void generate_weights(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx,
+                      std::uint64_t seed, SublayerWeights<Scalar>& weights) {
+  WeightDraw<Scalar> draw;
+  draw.plan(config, arch, ctx, seed, weights);
+  draw.finish();
+  nudge_weights(config, ctx, weights);
 }
 
 // x_0[t] = sqrt(r) c + sqrt(1 - r) e_t with c, e_t i.i.d. N(0, I) rows (architectures.md "Inputs").
@@ -79,6 +122,10 @@ Mat<Scalar> make_probes(const ModelConfig& config, std::uint64_t seed) {
   return probes;
 }
 
+template class WeightDraw<float>;
+template class WeightDraw<double>;
+template void nudge_weights<float>(const ModelConfig&, const SublayerContext&, SublayerWeights<float>&);
+template void nudge_weights<double>(const ModelConfig&, const SublayerContext&, SublayerWeights<double>&);
 template void generate_weights<float>(const ModelConfig&, const Architecture&, const SublayerContext&,
                                       std::uint64_t, SublayerWeights<float>&);
 template void generate_weights<double>(const ModelConfig&, const Architecture&, const SublayerContext&,

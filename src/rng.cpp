@@ -4,6 +4,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <numbers>
+#include <stdexcept>
 
 namespace gradflow {
 
@@ -62,13 +63,15 @@ void standard_normal_chunk(std::uint64_t key, std::uint64_t first_pair, float* o
 // Chunks are always whole (a multiple of every SIMD width), so each draw goes through the same
 // vectorised code path whatever `count` is: element i depends on (key, i) only.
 template <typename Scalar>
-void fill_normal_impl(std::uint64_t key, Scalar stddev, Scalar* out, std::size_t count) {
-  constexpr std::size_t kChunk = 2 * kChunkPairs;
-  alignas(64) float chunk[kChunk];
-  for (std::size_t begin = 0; begin < count; begin += kChunk) {
+void fill_normal_impl(std::uint64_t key, Scalar stddev, Scalar* out, std::size_t first, std::size_t end) {
+  static_assert(kNormalChunk == 2 * kChunkPairs);
+  if (first % kNormalChunk != 0) throw std::logic_error("fill_normal_range must start on a chunk boundary");
+  alignas(64) float chunk[kNormalChunk];
+  for (std::size_t begin = first; begin < end; begin += kNormalChunk) {
     standard_normal_chunk(key, begin / 2, chunk);
-    const std::size_t n = std::min(kChunk, count - begin);
-    for (std::size_t i = 0; i < n; ++i) out[begin + i] = stddev * static_cast<Scalar>(chunk[i]);
+    const std::size_t n = std::min(kNormalChunk, end - begin);
+    Scalar* destination = out + (begin - first);
+    for (std::size_t i = 0; i < n; ++i) destination[i] = stddev * static_cast<Scalar>(chunk[i]);
   }
 }
 }  // namespace
@@ -87,10 +90,16 @@ std::uint64_t stream_key(std::uint64_t seed, RandomUse use, std::uint64_t major,
 }
 
 void fill_normal(std::uint64_t key, float stddev, float* out, std::size_t count) {
-  fill_normal_impl(key, stddev, out, count);
+  fill_normal_impl(key, stddev, out, 0, count);
 }
 void fill_normal(std::uint64_t key, double stddev, double* out, std::size_t count) {
-  fill_normal_impl(key, stddev, out, count);
+  fill_normal_impl(key, stddev, out, 0, count);
+}
+void fill_normal_range(std::uint64_t key, float stddev, float* out, std::size_t begin, std::size_t end) {
+  fill_normal_impl(key, stddev, out, begin, end);
+}
+void fill_normal_range(std::uint64_t key, double stddev, double* out, std::size_t begin, std::size_t end) {
+  fill_normal_impl(key, stddev, out, begin, end);
 }
 
 }  // namespace gradflow

@@ -76,6 +76,7 @@ struct BranchContext {
   NormKind norm = NormKind::rms;
   int heads = 1;
   const SublayerWeights<Scalar>* weights = nullptr;
+  ShardPair* shards = nullptr;  // the branch's two shards run on two cores when set
 };
 
 // Runs a SublayerGraph forward, keeping what the backward needs, then backward. Buffers are

@@ -2,10 +2,12 @@
 // initialisation", with the architecture's mandated gains), the input tokens and the probes, all
 // drawn from the counter-based generator, so they are regenerated rather than stored.
 #pragma once
+#include <atomic>
 #include <cstdint>
 
 #include "gradflow/architecture.hpp"
 #include "gradflow/ops.hpp"
+#include "gradflow/shards.hpp"
 
 namespace gradflow {
 
@@ -16,6 +18,35 @@ double base_stddev(const ModelConfig& config, WeightMatrix matrix, Eigen::Index 
 template <typename Scalar>
 void generate_weights(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx,
                       std::uint64_t seed, SublayerWeights<Scalar>& weights);
+
+// The same weights drawn a chunk of kNormalChunk values at a time by whichever thread is free
+// (IdleWork): every chunk's values are fixed by (seed, sublayer, matrix, index), so which thread
+// draws it changes nothing. plan() sizes the matrices; then any thread may step() while one
+// thread finish()es; plan() again only after finish() and after no other thread can step().
+template <typename Scalar>
+class WeightDraw final : public IdleWork {
+ public:
+  void plan(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx, std::uint64_t seed,
+            SublayerWeights<Scalar>& weights);
+  bool step() override;  // draws one unclaimed chunk; false when none is left
+  void finish();         // draws what is left, then waits for the chunks other threads claimed
+
+ private:
+  struct Matrix {
+    Scalar* data;
+    std::uint64_t key;
+    Scalar stddev;
+    std::size_t size;
+    int first_chunk;
+  };
+  Matrix matrices_[4] = {};
+  int matrix_count_ = 0, total_chunks_ = 0;
+  std::atomic<int> next_{0}, done_{0};
+};
+
+// The test-only weight nudge (ModelConfig::weight_nudge), when it targets this sublayer.
+template <typename Scalar>
+void nudge_weights(const ModelConfig& config, const SublayerContext& ctx, SublayerWeights<Scalar>& weights);
 
 // x_0 (T, d): rows sqrt(r) c + sqrt(1 - r) e_t (architectures.md "Inputs").
 template <typename Scalar>

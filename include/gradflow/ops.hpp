@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gradflow/config.hpp"
+#include "gradflow/shards.hpp"
 
 namespace gradflow {
 
@@ -62,6 +63,16 @@ using ParamGradSquares = std::vector<double>;
 // per input (W_Q, W_K and W_V share theirs); d_output holds one probe's (T, n) rows.
 template <typename Scalar>
 double weight_grad_squared_norm(const Mat<Scalar>& input_gram, const Eigen::Ref<const Mat<Scalar>>& d_output);
+// The same identity at half the cost, as the ops use it: gram = the lower triangle of rows rows^T
+// (a symmetric rank-k update), and <A, B>_F of two symmetric matrices from their lower triangles.
+template <typename Scalar>
+void lower_gram(const Eigen::Ref<const Mat<Scalar>>& rows, Mat<Scalar>& gram);
+template <typename Scalar>
+double symmetric_inner(const Mat<Scalar>& a, const Mat<Scalar>& b);
+
+// The ops below take an optional ShardPair and always split their work in the same two halves
+// (shards.hpp); shard boundaries over features fall on multiples of this many columns.
+inline constexpr long long kShardGranule = 16;
 
 // ---------------------------------------------------------------------------------------------
 // Causal multi-head attention (Vaswani et al. 2017, arXiv 1706.03762, Eq. 1):
@@ -87,16 +98,22 @@ struct AttentionCache {             // what the forward saves for the backward, 
   std::vector<Mat<Scalar>> probs;   // heads x (T, T) softmax outputs
   Mat<Scalar> context;              // (T, d) concatenated head outputs
   Mat<Scalar> d_context, d_q, d_k, d_v, d_raw;  // (K*T, d) scratch
-  Mat<Scalar> d_probs, d_scores;                // (T, T) scratch
+  Mat<Scalar> d_q_raw, d_k_raw, d_v_raw;        // (K*T, d) scratch of the normalised projections
+  Mat<Scalar> d_probs[2], d_scores[2];          // (T, T) scratch, one per shard
+  Mat<Scalar> partial[2];                       // each shard's partial sum of the output or dx
+  Mat<Scalar> grams[2][2];                      // each shard's (T, T) Gram scratch
+  ParamGradSquares param_grad_partial[2];
 };
 template <typename Scalar>
 void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
-                       const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out);
+                       const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out,
+                       ShardPair* shards = nullptr);
 // param_grads, when given, receives each probe's squared norm of dL/d{W_Q, W_K, W_V, W_O}.
 template <typename Scalar>
 void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                         const AttentionOptions& options, AttentionCache<Scalar>& cache,
-                        const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr);
+                        const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr,
+                        ShardPair* shards = nullptr);
 
 // Jacobian-vector product (forward mode) after attention_forward: d_out = J d_x for P tangents
 // stacked as P blocks of T rows, (P*T, d). Used by --spectrum, which needs J as well as J^T.
@@ -111,13 +128,17 @@ struct FfnCache {
   Mat<Scalar> hidden_pre;              // (T, 4d) x W_1
   Mat<Scalar> hidden;                  // (T, 4d) gelu(x W_1)
   Mat<Scalar> d_hidden, d_hidden_pre;  // (K*T, 4d) scratch
+  Mat<Scalar> partial[2];              // each shard's partial sum of the output or dx
+  Mat<Scalar> grams[2][3];             // each shard's (T, T) Gram scratch
+  ParamGradSquares param_grad_partial[2];
 };
 template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
-                 Mat<Scalar>& out);
+                 Mat<Scalar>& out, ShardPair* shards = nullptr);
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
-                  const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr);
+                  const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr,
+                  ShardPair* shards = nullptr);
 
 // Forward mode after ffn_forward: d_out = J d_x, tangents (P*T, d).
 template <typename Scalar>

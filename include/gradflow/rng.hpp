@@ -21,4 +21,12 @@ std::uint64_t stream_key(std::uint64_t seed, RandomUse use, std::uint64_t major,
 void fill_normal(std::uint64_t key, float stddev, float* out, std::size_t count);
 void fill_normal(std::uint64_t key, double stddev, double* out, std::size_t count);
 
+// Draws are made in chunks of this many elements; a partial fill must start on a chunk boundary.
+inline constexpr std::size_t kNormalChunk = 1024;
+
+// Elements [begin, end) of the same stream into out[0 .. end - begin): fill_normal split into
+// pieces that can run on different threads. begin must be a multiple of kNormalChunk.
+void fill_normal_range(std::uint64_t key, float stddev, float* out, std::size_t begin, std::size_t end);
+void fill_normal_range(std::uint64_t key, double stddev, double* out, std::size_t begin, std::size_t end);
+
 }  // namespace gradflow

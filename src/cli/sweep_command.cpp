@@ -161,7 +161,7 @@ int run_sweep(const SweepOptions& options) {
   long long done = 0;
   omp_set_max_active_levels(1);
   // Cells are independent and each is deterministic, so --jobs changes no byte of any file. Each
-  // cell runs single-threaded; with one job the engine may use a prefetch thread (same numbers).
+  // cell runs single-threaded; with one job the engine splits each op over two cores (same numbers).
 #pragma omp parallel for schedule(dynamic, 1) num_threads(options.jobs) if (options.jobs > 1)
   for (std::size_t j = 0; j < pending.size(); ++j) {
     try {

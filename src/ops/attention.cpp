@@ -46,85 +46,126 @@ const Mat<Scalar>& projection_backward(const AttentionOptions& options, bool is_
 }
 }  // namespace
 
+// Shard s owns heads [begin, end): their columns of W_Q, W_K, W_V and rows of W_O (Megatron-LM's
+// split, arXiv 1909.08053 Sec. 3); with one head, shard 0 is empty.
+inline ShardRange head_range(int heads, int shard) { return shard_range(heads, shard); }
+
 template <typename Scalar>
 void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
-                       const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out) {
+                       const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out,
+                       ShardPair* shards) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
   const Scalar scale = static_cast<Scalar>(options.score_scale);
-  cache.q_raw.noalias() = x * w.w_q;  // (T, d)
-  cache.k_raw.noalias() = x * w.w_k;
-  cache.v_raw.noalias() = x * w.w_v;
+  for (Mat<Scalar>* m : {&cache.q_raw, &cache.k_raw, &cache.v_raw, &cache.context}) m->resize(tokens, width);
+  cache.probs.resize(options.heads);
+  // Phase 1: this shard's columns of the projections.
+  run_shards(shards, [&](int shard) {
+    const ShardRange heads = head_range(options.heads, shard);
+    const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
+    cache.q_raw.middleCols(begin, size).noalias() = x * w.w_q.middleCols(begin, size);  // (T, d)
+    cache.k_raw.middleCols(begin, size).noalias() = x * w.w_k.middleCols(begin, size);
+    cache.v_raw.middleCols(begin, size).noalias() = x * w.w_v.middleCols(begin, size);
+  });
+  // q/k/v norms may span all heads (OLMo 2's full-width QK-norm): applied between the phases.
   normalize_projection(options, false, cache.q_raw, cache.q, cache.q_inv);
   normalize_projection(options, false, cache.k_raw, cache.k, cache.k_inv);
   normalize_projection(options, true, cache.v_raw, cache.v, cache.v_inv);
-
-  cache.probs.resize(options.heads);
-  cache.context.resize(tokens, width);
-  for (int h = 0; h < options.heads; ++h) {
-    Mat<Scalar>& probs = cache.probs[h];  // (T, T), zero above the diagonal (causal mask)
-    probs.noalias() =
-        cache.q.middleCols(h * head_dim, head_dim) * cache.k.middleCols(h * head_dim, head_dim).transpose();
-    for (Eigen::Index i = 0; i < tokens; ++i) {
-      auto row = probs.row(i);
-      auto visible = row.head(i + 1);
-      visible *= scale;
-      const Scalar max_score = visible.maxCoeff();
-      visible = (visible.array() - max_score).exp().matrix();
-      visible /= visible.sum();
-      row.tail(tokens - i - 1).setZero();
+  // Phase 2: this shard's heads, then its partial sum of the output projection.
+  run_shards(shards, [&](int shard) {
+    const ShardRange heads = head_range(options.heads, shard);
+    for (auto h = heads.begin; h < heads.end; ++h) {
+      Mat<Scalar>& probs = cache.probs[h];  // (T, T), zero above the diagonal (causal mask)
+      probs.noalias() =
+          cache.q.middleCols(h * head_dim, head_dim) * cache.k.middleCols(h * head_dim, head_dim).transpose();
+      for (Eigen::Index i = 0; i < tokens; ++i) {
+        auto row = probs.row(i);
+        auto visible = row.head(i + 1);
+        visible *= scale;
+        const Scalar max_score = visible.maxCoeff();
+        visible = (visible.array() - max_score).exp().matrix();
+        visible /= visible.sum();
+        row.tail(tokens - i - 1).setZero();
+      }
+      cache.context.middleCols(h * head_dim, head_dim).noalias() =
+          probs * cache.v.middleCols(h * head_dim, head_dim);
     }
-    cache.context.middleCols(h * head_dim, head_dim).noalias() =
-        probs * cache.v.middleCols(h * head_dim, head_dim);
-  }
-  out.noalias() = cache.context * w.w_o;  // (T, d)
+    const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
+    cache.partial[shard].noalias() = cache.context.middleCols(begin, size) * w.w_o.middleRows(begin, size);
+  });
+  out = cache.partial[0] + cache.partial[1];  // (T, d)
 }
 
 template <typename Scalar>
 void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                         const AttentionOptions& options, AttentionCache<Scalar>& cache,
-                        const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads) {
+                        const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads,
+                        ShardPair* shards) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
-  const Eigen::Index probes = d_out.rows() / tokens;
+  const Eigen::Index rows = d_out.rows(), probes = rows / tokens;
   const Scalar scale = static_cast<Scalar>(options.score_scale);
-  cache.d_context.noalias() = d_out * w.w_o.transpose();  // (K*T, d)
-  cache.d_q.setZero(d_out.rows(), width);
-  cache.d_k.setZero(d_out.rows(), width);
-  cache.d_v.setZero(d_out.rows(), width);
-  for (Eigen::Index k = 0; k < probes; ++k) {
-    for (int h = 0; h < options.heads; ++h) {
-      const Mat<Scalar>& probs = cache.probs[h];
-      const auto d_context = cache.d_context.block(k * tokens, h * head_dim, tokens, head_dim);
-      cache.d_probs.noalias() = d_context * cache.v.middleCols(h * head_dim, head_dim).transpose();  // (T, T)
-      cache.d_v.block(k * tokens, h * head_dim, tokens, head_dim).noalias() += probs.transpose() * d_context;
-      // softmax backward: dS = P (dP - rowsum(dP P)); masked entries have P = 0.
-      const Vec<Scalar> row_dot = (cache.d_probs.array() * probs.array()).rowwise().sum();
-      cache.d_scores = (probs.array() * (cache.d_probs.colwise() - row_dot).array()) * scale;
-      cache.d_q.block(k * tokens, h * head_dim, tokens, head_dim).noalias() +=
-          cache.d_scores * cache.k.middleCols(h * head_dim, head_dim);
-      cache.d_k.block(k * tokens, h * head_dim, tokens, head_dim).noalias() +=
-          cache.d_scores.transpose() * cache.q.middleCols(h * head_dim, head_dim);
-    }
-  }
-  if (param_grads) param_grads->assign(probes, 0.0);
-  Mat<Scalar> x_gram;  // W_Q, W_K and W_V share their input x
-  if (param_grads) x_gram.noalias() = x * x.transpose();
-  const auto add_param_grad = [&](const Mat<Scalar>& input_gram, const Mat<Scalar>& d_output) {
-    if (!param_grads) return;
+  for (Mat<Scalar>* m : {&cache.d_context, &cache.d_q, &cache.d_k, &cache.d_v}) m->resize(rows, width);
+  // ||dW||^2 = <input input^T, d_output d_output^T> over one shard's columns of d_output.
+  const auto add_param_grads = [&](int shard, const Mat<Scalar>& input_gram, const auto& d_output) {
+    Mat<Scalar>& output_gram = cache.grams[shard][1];
     for (Eigen::Index k = 0; k < probes; ++k) {
-      (*param_grads)[k] +=
-          weight_grad_squared_norm<Scalar>(input_gram, d_output.middleRows(k * tokens, tokens));
+      lower_gram<Scalar>(d_output.middleRows(k * tokens, tokens), output_gram);
+      cache.param_grad_partial[shard][k] += symmetric_inner(input_gram, output_gram);
     }
   };
-  if (param_grads) add_param_grad(cache.context * cache.context.transpose(), d_out);
-  const auto& d_q_raw = projection_backward(options, false, cache.q, cache.q_inv, cache.d_q, cache.d_raw);
-  dx.noalias() += d_q_raw * w.w_q.transpose();
-  add_param_grad(x_gram, d_q_raw);
-  const auto& d_k_raw = projection_backward(options, false, cache.k, cache.k_inv, cache.d_k, cache.d_raw);
-  dx.noalias() += d_k_raw * w.w_k.transpose();
-  add_param_grad(x_gram, d_k_raw);
-  const auto& d_v_raw = projection_backward(options, true, cache.v, cache.v_inv, cache.d_v, cache.d_raw);
-  dx.noalias() += d_v_raw * w.w_v.transpose();
-  add_param_grad(x_gram, d_v_raw);
+  // Phase 1: back through this shard's rows of W_O and its heads.
+  run_shards(shards, [&](int shard) {
+    const ShardRange heads = head_range(options.heads, shard);
+    const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
+    cache.param_grad_partial[shard].assign(probes, 0.0);
+    cache.d_context.middleCols(begin, size).noalias() = d_out * w.w_o.middleRows(begin, size).transpose();
+    Mat<Scalar>& d_probs = cache.d_probs[shard];
+    Mat<Scalar>& d_scores = cache.d_scores[shard];
+    for (Eigen::Index k = 0; k < probes; ++k) {
+      for (auto h = heads.begin; h < heads.end; ++h) {
+        const Mat<Scalar>& probs = cache.probs[h];
+        const auto d_context = cache.d_context.block(k * tokens, h * head_dim, tokens, head_dim);
+        d_probs.noalias() = d_context * cache.v.middleCols(h * head_dim, head_dim).transpose();  // (T, T)
+        cache.d_v.block(k * tokens, h * head_dim, tokens, head_dim).noalias() = probs.transpose() * d_context;
+        // softmax backward: dS = P (dP - rowsum(dP P)); masked entries have P = 0.
+        const Vec<Scalar> row_dot = (d_probs.array() * probs.array()).rowwise().sum();
+        d_scores = (probs.array() * (d_probs.colwise() - row_dot).array()) * scale;
+        cache.d_q.block(k * tokens, h * head_dim, tokens, head_dim).noalias() =
+            d_scores * cache.k.middleCols(h * head_dim, head_dim);
+        cache.d_k.block(k * tokens, h * head_dim, tokens, head_dim).noalias() =
+            d_scores.transpose() * cache.q.middleCols(h * head_dim, head_dim);
+      }
+    }
+    if (!param_grads) return;
+    Mat<Scalar>& context_gram = cache.grams[shard][0];
+    lower_gram<Scalar>(cache.context.middleCols(begin, size), context_gram);
+    add_param_grads(shard, context_gram, d_out);  // W_O: its rows of this shard
+  });
+  // Back through the q/k/v norms, which may span all heads, between the phases.
+  const auto& d_q_raw = projection_backward(options, false, cache.q, cache.q_inv, cache.d_q, cache.d_q_raw);
+  const auto& d_k_raw = projection_backward(options, false, cache.k, cache.k_inv, cache.d_k, cache.d_k_raw);
+  const auto& d_v_raw = projection_backward(options, true, cache.v, cache.v_inv, cache.d_v, cache.d_v_raw);
+  // Phase 2: this shard's columns of W_Q, W_K and W_V, as a partial sum of dx.
+  run_shards(shards, [&](int shard) {
+    const ShardRange heads = head_range(options.heads, shard);
+    const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
+    Mat<Scalar>& partial = cache.partial[shard];
+    partial.noalias() = d_q_raw.middleCols(begin, size) * w.w_q.middleCols(begin, size).transpose();
+    partial.noalias() += d_k_raw.middleCols(begin, size) * w.w_k.middleCols(begin, size).transpose();
+    partial.noalias() += d_v_raw.middleCols(begin, size) * w.w_v.middleCols(begin, size).transpose();
+    if (!param_grads) return;
+    Mat<Scalar>& x_gram = cache.grams[shard][0];  // W_Q, W_K and W_V share their input x
+    lower_gram<Scalar>(x, x_gram);
+    add_param_grads(shard, x_gram, d_q_raw.middleCols(begin, size));
+    add_param_grads(shard, x_gram, d_k_raw.middleCols(begin, size));
+    add_param_grads(shard, x_gram, d_v_raw.middleCols(begin, size));
+  });
+  dx += cache.partial[0];
+  dx += cache.partial[1];
+  if (param_grads) {
+    param_grads->assign(probes, 0.0);
+    for (Eigen::Index k = 0; k < probes; ++k)
+      (*param_grads)[k] = cache.param_grad_partial[0][k] + cache.param_grad_partial[1][k];
+  }
 }
 
 template <typename Scalar>
@@ -148,12 +189,12 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
       const auto dq = d_q.block(k * tokens, h * head_dim, tokens, head_dim);
       const auto dk = d_k.block(k * tokens, h * head_dim, tokens, head_dim);
       const auto dv = d_v.block(k * tokens, h * head_dim, tokens, head_dim);
-      cache.d_scores.noalias() = (dq * key.transpose() + q * dk.transpose()) * scale;  // (T, T)
+      cache.d_scores[0].noalias() = (dq * key.transpose() + q * dk.transpose()) * scale;  // (T, T)
       // softmax JVP: dP = P (dS - rowsum(P dS)); masked entries have P = 0.
-      const Vec<Scalar> row_dot = (cache.d_scores.array() * probs.array()).rowwise().sum();
-      cache.d_probs = probs.array() * (cache.d_scores.colwise() - row_dot).array();
+      const Vec<Scalar> row_dot = (cache.d_scores[0].array() * probs.array()).rowwise().sum();
+      cache.d_probs[0] = probs.array() * (cache.d_scores[0].colwise() - row_dot).array();
       cache.d_context.block(k * tokens, h * head_dim, tokens, head_dim).noalias() =
-          cache.d_probs * v + probs * dv;
+          cache.d_probs[0] * v + probs * dv;
     }
   }
   d_out.noalias() = cache.d_context * w.w_o;  // (P*T, d)
@@ -161,10 +202,11 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
 
 #define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                              \
   template void attention_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,               \
-                                          const AttentionOptions&, AttentionCache<Scalar>&, Mat<Scalar>&);  \
+                                          const AttentionOptions&, AttentionCache<Scalar>&, Mat<Scalar>&,   \
+                                          ShardPair*);                                                      \
   template void attention_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,              \
                                            const AttentionOptions&, AttentionCache<Scalar>&,                \
-                                           const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*);            \
+                                           const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*); \
   template void attention_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                   \
                                       const AttentionOptions&, AttentionCache<Scalar>&, const Mat<Scalar>&, \
                                       Mat<Scalar>&);

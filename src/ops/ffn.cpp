@@ -8,30 +8,46 @@
 namespace gradflow {
 
 // Eigen's vectorised erf (a rational approximation within a few float ulps of std::erf for
-// float; std::erf itself for double), applied to whole arrays.
+// float; std::erf itself for double), applied row by row so that column blocks of a row-major
+// matrix (one shard's hidden units) work too.
+template <typename Scalar, typename In, typename Out>
+void gelu_forward_rows(const In& x, Out&& y) {
+  const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    const auto in = x.row(r).array();
+    y.row(r).array() = Scalar(0.5) * in * (Scalar(1) + (in * inv_sqrt2).erf());
+  }
+}
+
+// dx += dy * gelu'(x), d/dx [x Phi(x)] = Phi(x) + x phi(x); dy holds K probes of x's rows.
+template <typename Scalar, typename In, typename DOut, typename DIn>
+void gelu_backward_rows(const In& x, const DOut& dy, DIn&& dx, bool accumulate = false) {
+  const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
+  const Scalar inv_sqrt_2pi = static_cast<Scalar>(1.0 / std::sqrt(2.0 * std::numbers::pi));
+  const Eigen::Index tokens = x.rows();
+  Eigen::Array<Scalar, 1, Eigen::Dynamic> slope;
+  for (Eigen::Index r = 0; r < tokens; ++r) {
+    const auto in = x.row(r).array();
+    slope = Scalar(0.5) * (Scalar(1) + (in * inv_sqrt2).erf()) + in * inv_sqrt_2pi * (Scalar(-0.5) * in.square()).exp();
+    for (Eigen::Index row = r; row < dy.rows(); row += tokens) {
+      if (accumulate) {
+        dx.row(row).array() += dy.row(row).array() * slope;
+      } else {
+        dx.row(row).array() = dy.row(row).array() * slope;
+      }
+    }
+  }
+}
+
 template <typename Scalar>
 void gelu_forward(const Mat<Scalar>& x, Mat<Scalar>& y) {
-  using Array = Eigen::Array<Scalar, Eigen::Dynamic, 1>;
-  const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
   y.resize(x.rows(), x.cols());
-  const Eigen::Map<const Array> in(x.data(), x.size());
-  Eigen::Map<Array>(y.data(), y.size()) = Scalar(0.5) * in * (Scalar(1) + (in * inv_sqrt2).erf());
+  gelu_forward_rows<Scalar>(x, y);
 }
 
 template <typename Scalar>
 void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx) {
-  // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-  using Array = Eigen::Array<Scalar, Eigen::Dynamic, 1>;
-  const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
-  const Scalar inv_sqrt_2pi = static_cast<Scalar>(1.0 / std::sqrt(2.0 * std::numbers::pi));
-  const Eigen::Index per_probe = x.size();
-  const Eigen::Map<const Array> in(x.data(), per_probe);
-  const Array slope = Scalar(0.5) * (Scalar(1) + (in * inv_sqrt2).erf()) +
-                      in * inv_sqrt_2pi * (Scalar(-0.5) * in.square()).exp();
-  for (Eigen::Index block = 0; block < dy.size(); block += per_probe) {
-    Eigen::Map<Array>(dx.data() + block, per_probe) +=
-        Eigen::Map<const Array>(dy.data() + block, per_probe) * slope;
-  }
+  gelu_backward_rows<Scalar>(x, dy, dx, true);
 }
 
 template <typename Scalar>
@@ -42,30 +58,78 @@ double weight_grad_squared_norm(const Mat<Scalar>& input_gram,
 }
 
 template <typename Scalar>
+void lower_gram(const Eigen::Ref<const Mat<Scalar>>& rows, Mat<Scalar>& gram) {
+  gram.setZero(rows.rows(), rows.rows());
+  gram.template selfadjointView<Eigen::Lower>().rankUpdate(rows);
+}
+
+template <typename Scalar>
+double symmetric_inner(const Mat<Scalar>& a, const Mat<Scalar>& b) {
+  double diagonal = 0, below = 0;
+  for (Eigen::Index i = 0; i < a.rows(); ++i) {
+    diagonal += static_cast<double>(a(i, i)) * static_cast<double>(b(i, i));
+    for (Eigen::Index j = 0; j < i; ++j) below += static_cast<double>(a(i, j)) * static_cast<double>(b(i, j));
+  }
+  return diagonal + 2.0 * below;
+}
+
+// Shard s owns hidden units [begin, end): columns of W_1 and rows of W_2 (Megatron-LM's split,
+// arXiv 1909.08053 Sec. 3), so each shard's output is a partial sum and nothing is exchanged
+// until the end.
+template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
-                 Mat<Scalar>& out) {
-  cache.hidden_pre.noalias() = x * w.w_1;  // (T, 4d)
-  gelu_forward(cache.hidden_pre, cache.hidden);
-  out.noalias() = cache.hidden * w.w_2;  // (T, d)
+                 Mat<Scalar>& out, ShardPair* shards) {
+  const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols();
+  cache.hidden_pre.resize(tokens, hidden);  // (T, 4d) x W_1
+  cache.hidden.resize(tokens, hidden);      // gelu(x W_1)
+  run_shards(shards, [&](int shard) {
+    const ShardRange units = shard_range(hidden, shard, kShardGranule);
+    auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
+    pre.noalias() = x * w.w_1.middleCols(units.begin, units.size());
+    gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size()));
+    cache.partial[shard].noalias() =
+        cache.hidden.middleCols(units.begin, units.size()) * w.w_2.middleRows(units.begin, units.size());
+  });
+  out = cache.partial[0] + cache.partial[1];  // (T, d)
 }
 
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
-                  const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads) {
-  const Eigen::Index tokens = x.rows();
-  cache.d_hidden.noalias() = d_out * w.w_2.transpose();  // (K*T, 4d)
-  cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
-  gelu_backward(cache.hidden_pre, cache.d_hidden, cache.d_hidden_pre);
-  dx.noalias() += cache.d_hidden_pre * w.w_1.transpose();  // (K*T, d)
-  if (param_grads) {
-    const Eigen::Index probes = d_out.rows() / tokens;
-    param_grads->assign(probes, 0.0);
-    const Mat<Scalar> hidden_gram = cache.hidden * cache.hidden.transpose(), x_gram = x * x.transpose();
+                  const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads, ShardPair* shards) {
+  const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols(), rows = d_out.rows();
+  const Eigen::Index probes = rows / tokens;
+  cache.d_hidden.resize(rows, hidden);
+  cache.d_hidden_pre.resize(rows, hidden);
+  run_shards(shards, [&](int shard) {
+    const ShardRange units = shard_range(hidden, shard, kShardGranule);
+    const auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
+    auto d_hidden = cache.d_hidden.middleCols(units.begin, units.size());
+    auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size());
+    d_hidden.noalias() = d_out * w.w_2.middleRows(units.begin, units.size()).transpose();  // (K*T, n)
+    gelu_backward_rows<Scalar>(pre, d_hidden, d_pre);
+    cache.partial[shard].noalias() = d_pre * w.w_1.middleCols(units.begin, units.size()).transpose();
+    auto& squares = cache.param_grad_partial[shard];
+    squares.assign(probes, 0.0);
+    if (!param_grads) return;
+    // ||dW_2||^2 = <H H^T, dY dY^T> and ||dW_1||^2 = <X X^T, dH dH^T>, each over this shard's units.
+    Mat<Scalar>& x_gram = cache.grams[shard][0];
+    Mat<Scalar>& hidden_gram = cache.grams[shard][1];
+    Mat<Scalar>& output_gram = cache.grams[shard][2];
+    lower_gram<Scalar>(x, x_gram);
+    lower_gram<Scalar>(cache.hidden.middleCols(units.begin, units.size()), hidden_gram);
     for (Eigen::Index k = 0; k < probes; ++k) {
-      (*param_grads)[k] =
-          weight_grad_squared_norm<Scalar>(hidden_gram, d_out.middleRows(k * tokens, tokens)) +
-          weight_grad_squared_norm<Scalar>(x_gram, cache.d_hidden_pre.middleRows(k * tokens, tokens));
+      lower_gram<Scalar>(d_out.middleRows(k * tokens, tokens), output_gram);
+      squares[k] = symmetric_inner(hidden_gram, output_gram);
+      lower_gram<Scalar>(d_pre.middleRows(k * tokens, tokens), output_gram);
+      squares[k] += symmetric_inner(x_gram, output_gram);
     }
+  });
+  dx += cache.partial[0];
+  dx += cache.partial[1];
+  if (param_grads) {
+    param_grads->assign(probes, 0.0);
+    for (Eigen::Index k = 0; k < probes; ++k)
+      (*param_grads)[k] = cache.param_grad_partial[0][k] + cache.param_grad_partial[1][k];
   }
 }
 
@@ -101,9 +165,11 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
   template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                     \
   template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);                \
   template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&,  \
-                                    Mat<Scalar>&);                                                          \
+                                    Mat<Scalar>&, ShardPair*);                                              \
   template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&, \
-                                     const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*);                  \
+                                     const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*);      \
+  template void lower_gram<Scalar>(const Eigen::Ref<const Mat<Scalar>>&, Mat<Scalar>&);                     \
+  template double symmetric_inner<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&);                          \
   template void ffn_jvp<Scalar>(const SublayerWeights<Scalar>&, FfnCache<Scalar>&, const Mat<Scalar>&,      \
                                 Mat<Scalar>&);                                                              \
   template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                 \

@@ -1,0 +1,100 @@
+// Two fixed shards of one op's work, run on two cores or one after the other on one.
+//
+// Every op that uses them splits its work into the same two halves whatever the thread count
+// (attention by heads, the FFN by hidden units, weight generation by element range) and combines
+// partial sums in the fixed order shard 0 + shard 1, so `--threads 1` and `--threads 2` produce
+// the same bits. This is the tensor-parallel split of Megatron-LM (Shoeybi et al. 2019, arXiv
+// 1909.08053, Sec. 3) applied to two cores of one CPU.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <type_traits>
+
+namespace gradflow {
+
+// Work that either thread does a piece at a time while it would otherwise wait for the other
+// (ShardPair::set_idle_work). step() does one piece and returns false when none is left.
+class IdleWork {
+ public:
+  virtual bool step() = 0;
+
+ protected:
+  ~IdleWork() = default;
+};
+
+class ShardPair {
+ public:
+  static constexpr int kShards = 2;
+
+  // second_core = false runs both shards on the calling thread.
+  explicit ShardPair(bool second_core);
+  ~ShardPair();
+  ShardPair(const ShardPair&) = delete;
+  ShardPair& operator=(const ShardPair&) = delete;
+
+  // Work both threads pick up while they wait, e.g. the next sublayer's weights; null: none.
+  // Returns once the second core no longer uses the previous idle work, so the caller may then
+  // reuse it. Call from the thread that calls run().
+  void set_idle_work(IdleWork* work);
+
+  // Runs work(0) on the calling thread and work(1) on the second core (or after work(0)), and
+  // returns when both are done. work must not throw.
+  template <typename Work>
+  void run(Work&& work) {
+    if (!worker_.joinable()) {
+      work(0);
+      work(1);
+      return;
+    }
+    using Callable = std::remove_reference_t<Work>;
+    task_ = [](void* context, int shard) { (*static_cast<Callable*>(context))(shard); };
+    context_ = const_cast<void*>(static_cast<const void*>(&work));
+    dispatch_and_wait([&] { work(0); });
+  }
+
+ private:
+  template <typename Own>
+  void dispatch_and_wait(Own&& own) {
+    const std::uint32_t epoch = posted_.load(std::memory_order_relaxed) + 1;
+    posted_.store(epoch, std::memory_order_release);
+    posted_.notify_one();
+    own();
+    wait_until_finished(epoch);
+  }
+  void wait_until_finished(std::uint32_t epoch);
+  void wait_until_posted(std::uint32_t seen);
+  bool worker_idle_step();
+  void worker_loop();
+
+  void (*task_)(void*, int) = nullptr;
+  void* context_ = nullptr;
+  std::atomic<std::uint32_t> posted_{0};    // epochs handed to the worker
+  std::atomic<std::uint32_t> finished_{0};  // epochs the worker has completed
+  std::atomic<bool> stop_{false};
+  std::atomic<IdleWork*> idle_{nullptr};
+  std::atomic<int> idle_users_{0};  // 1 while the second core is inside idle_->step()
+  std::thread worker_;
+};
+
+// Runs work(0) and work(1) on `shards`, or one after the other when shards is null: callers
+// that have no second core pass null and get the same split and the same results.
+template <typename Work>
+void run_shards(ShardPair* shards, Work&& work) {
+  if (shards) return shards->run(work);
+  work(0);
+  work(1);
+}
+
+// The half-open range [begin, end) of shard `shard` when `count` items are split in two, the
+// first shard taking floor(count / 2) rounded down to a multiple of `granule`.
+struct ShardRange {
+  long long begin, end;
+  long long size() const { return end - begin; }
+};
+inline ShardRange shard_range(long long count, int shard, long long granule = 1) {
+  const long long middle = (count / 2) / granule * granule;
+  return shard == 0 ? ShardRange{0, middle} : ShardRange{middle, count};
+}
+
+}  // namespace gradflow

@@ -1,0 +1,89 @@
+// The second core of ShardPair: between shards it does idle work (the next sublayer's weights)
+// or spins briefly (ops arrive every few microseconds in the per-sublayer loop), then sleeps on a
+// futex, so that an oversubscribed machine (sweep --jobs, a busy CI runner) loses nothing to
+// spinning.
+#include "gradflow/shards.hpp"
+
+#include <immintrin.h>
+
+namespace gradflow {
+
+namespace {
+// About 50 microseconds of spinning with nothing to do before sleeping: longer than the gap
+// between two ops of one sublayer, much shorter than a scheduler time slice.
+constexpr int kSpinIterations = 2000;
+}  // namespace
+
+ShardPair::ShardPair(bool second_core) {
+  if (second_core) worker_ = std::thread([this] { worker_loop(); });
+}
+
+ShardPair::~ShardPair() {
+  if (!worker_.joinable()) return;
+  stop_.store(true, std::memory_order_release);
+  posted_.fetch_add(1, std::memory_order_release);
+  posted_.notify_one();
+  worker_.join();
+}
+
+// Dekker-style handshake (sequentially consistent): once idle_ holds the new work and no step of
+// the second core is in flight, no later step can see the old work.
+void ShardPair::set_idle_work(IdleWork* work) {
+  idle_.store(work);
+  while (idle_users_.load() != 0) _mm_pause();
+}
+
+bool ShardPair::worker_idle_step() {
+  idle_users_.fetch_add(1);
+  IdleWork* work = idle_.load();
+  const bool stepped = work != nullptr && work->step();
+  idle_users_.fetch_sub(1);
+  return stepped;
+}
+
+void ShardPair::wait_until_finished(std::uint32_t epoch) {
+  int idle_spins = 0;
+  for (;;) {
+    const std::uint32_t seen = finished_.load(std::memory_order_acquire);
+    if (seen == epoch) return;
+    IdleWork* work = idle_.load(std::memory_order_relaxed);  // this thread owns it
+    if (work != nullptr && work->step()) {
+      idle_spins = 0;
+      continue;
+    }
+    if (++idle_spins < kSpinIterations) {
+      _mm_pause();
+      continue;
+    }
+    finished_.wait(seen, std::memory_order_acquire);
+  }
+}
+
+void ShardPair::wait_until_posted(std::uint32_t seen) {
+  int idle_spins = 0;
+  while (posted_.load(std::memory_order_acquire) == seen) {
+    if (worker_idle_step()) {
+      idle_spins = 0;
+      continue;
+    }
+    if (++idle_spins < kSpinIterations) {
+      _mm_pause();
+      continue;
+    }
+    posted_.wait(seen, std::memory_order_acquire);
+  }
+}
+
+void ShardPair::worker_loop() {
+  std::uint32_t done = 0;
+  for (;;) {
+    wait_until_posted(done);
+    if (stop_.load(std::memory_order_acquire)) return;
+    ++done;
+    task_(context_, 1);
+    finished_.store(done, std::memory_order_release);
+    finished_.notify_one();
+  }
+}
+
+}  // namespace gradflow

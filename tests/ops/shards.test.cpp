@@ -1,0 +1,151 @@
+// The two-shard split (shards.hpp): the ops give the same bits on two cores as on one, and
+// weights drawn a chunk at a time by two threads equal the weights drawn in one go.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "gradflow/analysis.hpp"
+#include "gradflow/initialization.hpp"
+#include "gradflow/rng.hpp"
+#include "support/finite_difference.hpp"
+
+using namespace gradflow;
+using namespace gradflow::testing;
+
+namespace {
+Mat<float> random_float(Eigen::Index rows, Eigen::Index cols, unsigned seed, double scale = 1.0) {
+  return random_matrix(rows, cols, seed, scale).cast<float>();
+}
+
+bool same_bits(const Mat<float>& a, const Mat<float>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() &&
+         std::equal(a.data(), a.data() + a.size(), b.data(),
+                    [](float x, float y) { return std::memcmp(&x, &y, sizeof(float)) == 0; });
+}
+}  // namespace
+
+TEST_CASE("ShardPair runs each shard exactly once, the second on another thread") {
+  for (const bool second_core : {false, true}) {
+    ShardPair shards(second_core);
+    for (int round = 0; round < 100; ++round) {
+      std::atomic<int> runs[2] = {0, 0};
+      std::thread::id ids[2];
+      shards.run([&](int shard) {
+        runs[shard].fetch_add(1);
+        ids[shard] = std::this_thread::get_id();
+      });
+      REQUIRE(runs[0].load() == 1);
+      REQUIRE(runs[1].load() == 1);
+      CHECK(ids[0] == std::this_thread::get_id());
+      CHECK((ids[1] != ids[0]) == second_core);
+    }
+  }
+}
+
+TEST_CASE("shard_range splits at a granule boundary and covers every item once") {
+  CHECK(shard_range(1024, 0, 16).begin == 0);
+  CHECK(shard_range(1024, 0, 16).end == 512);
+  CHECK(shard_range(1024, 1, 16).end == 1024);
+  CHECK(shard_range(40, 0, 16).end == 16);  // 20 rounded down to the granule
+  CHECK(shard_range(1, 0).size() == 0);     // one head: shard 0 is empty
+  CHECK(shard_range(1, 1).size() == 1);
+}
+
+TEST_CASE("ffn and attention give the same bits on two cores as on one") {
+  const int d = 64, tokens = 12, probes = 3;
+  ShardPair two_cores(true);
+  SublayerWeights<float> w;
+  w.w_q = random_float(d, d, 1, 0.15);
+  w.w_k = random_float(d, d, 2, 0.15);
+  w.w_v = random_float(d, d, 3, 0.15);
+  w.w_o = random_float(d, d, 4, 0.15);
+  w.w_1 = random_float(d, 4 * d, 5, 0.1);
+  w.w_2 = random_float(4 * d, d, 6, 0.1);
+  const Mat<float> x = random_float(tokens, d, 7);
+  const Mat<float> dy = random_float(probes * tokens, d, 8);
+
+  SUBCASE("ffn") {
+    FfnCache<float> one, two;
+    Mat<float> out_one, out_two;
+    ffn_forward(x, w, one, out_one);
+    ffn_forward(x, w, two, out_two, &two_cores);
+    CHECK(same_bits(out_one, out_two));
+    Mat<float> dx_one = Mat<float>::Zero(probes * tokens, d), dx_two = dx_one;
+    ParamGradSquares squares_one, squares_two;
+    ffn_backward(x, w, one, dy, dx_one, &squares_one);
+    ffn_backward(x, w, two, dy, dx_two, &squares_two, &two_cores);
+    CHECK(same_bits(dx_one, dx_two));
+    CHECK(squares_one == squares_two);
+  }
+  SUBCASE("attention") {
+    for (const QkvNorm norm : {QkvNorm::none, QkvNorm::per_head_qkv, QkvNorm::full_qk, QkvNorm::per_head_qk_unit}) {
+      for (const int heads : {1, 4, 8}) {
+        CAPTURE(static_cast<int>(norm));
+        CAPTURE(heads);
+        AttentionOptions options;
+        options.heads = heads;
+        options.qkv_norm = norm;
+        options.score_scale = 1.0 / std::sqrt(static_cast<double>(d / heads));
+        AttentionCache<float> one, two;
+        Mat<float> out_one, out_two;
+        attention_forward(x, w, options, one, out_one);
+        attention_forward(x, w, options, two, out_two, &two_cores);
+        CHECK(same_bits(out_one, out_two));
+        Mat<float> dx_one = Mat<float>::Zero(probes * tokens, d), dx_two = dx_one;
+        ParamGradSquares squares_one, squares_two;
+        attention_backward(x, w, options, one, dy, dx_one, &squares_one);
+        attention_backward(x, w, options, two, dy, dx_two, &squares_two, &two_cores);
+        CHECK(same_bits(dx_one, dx_two));
+        CHECK(squares_one == squares_two);
+      }
+    }
+  }
+}
+
+TEST_CASE("the Gram identity: ||X^T dY||_F^2 from lower triangles") {
+  const MatD x = random_matrix(9, 7, 21), dy = random_matrix(9, 5, 22);
+  MatD x_gram, dy_gram;
+  lower_gram<double>(x, x_gram);
+  lower_gram<double>(dy, dy_gram);
+  CHECK(symmetric_inner(x_gram, dy_gram) == doctest::Approx((x.transpose() * dy).squaredNorm()).epsilon(1e-12));
+}
+
+TEST_CASE("fill_normal_range pieces equal one fill_normal") {
+  const std::size_t count = 5 * kNormalChunk + 37;
+  std::vector<float> whole(count), pieces(count);
+  fill_normal(99, 0.5f, whole.data(), count);
+  for (std::size_t begin = 0; begin < count; begin += 2 * kNormalChunk) {
+    fill_normal_range(99, 0.5f, pieces.data() + begin, begin, std::min(count, begin + 2 * kNormalChunk));
+  }
+  CHECK(whole == pieces);
+  CHECK_THROWS(fill_normal_range(99, 0.5f, pieces.data(), 5, 10));
+}
+
+TEST_CASE("weights drawn by two threads as idle work equal weights drawn in one go") {
+  ModelConfig config;
+  config.width = 64;
+  config.blocks = 2;
+  const Architecture& arch = find_architecture("keel");
+  const Constants constants = resolve_constants(arch, config);
+  for (const SublayerKind kind : {SublayerKind::attn, SublayerKind::ffn}) {
+    const int sublayer = kind == SublayerKind::attn ? 2 : 3;
+    const SublayerContext ctx{config, constants, sublayer, 1, kind};
+    SublayerWeights<float> expected, drawn;
+    generate_weights(config, arch, ctx, 5, expected);
+    ShardPair shards(true);
+    WeightDraw<float> draw;
+    draw.plan(config, arch, ctx, 5, drawn);
+    shards.set_idle_work(&draw);
+    shards.run([](int) {});  // the second core draws chunks while it waits
+    draw.finish();
+    shards.set_idle_work(nullptr);
+    for (const auto member : {&SublayerWeights<float>::w_q, &SublayerWeights<float>::w_k,
+                              &SublayerWeights<float>::w_v, &SublayerWeights<float>::w_o,
+                              &SublayerWeights<float>::w_1, &SublayerWeights<float>::w_2}) {
+      CHECK(same_bits(expected.*member, drawn.*member));
+    }
+  }
+}
