@@ -38,11 +38,36 @@ constexpr int kSpectrumMaxIterations = 200;
 template <typename Scalar>
 using State = std::vector<Mat<Scalar>>;  // one (T, d) matrix per stream
 
+// sum_i term(i) in double, in eight interleaved partial sums (one SIMD register) added in a fixed
+// order: vectorised, and the same bits wherever the data sits in memory.
+template <typename Term>
+double lane_sum(Eigen::Index count, Term&& term) {
+  constexpr int kLanes = 8;
+  double lanes[kLanes] = {};
+  Eigen::Index i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] += term(i + j);
+  }
+  for (; i < count; ++i) lanes[0] += term(i);
+  double sum = 0;
+  for (const double lane : lanes) sum += lane;
+  return sum;
+}
 template <typename Scalar>
 double squared_norm(const Scalar* data, Eigen::Index count) {
-  double sum = 0;
-  for (Eigen::Index i = 0; i < count; ++i) sum += static_cast<double>(data[i]) * static_cast<double>(data[i]);
-  return sum;
+  return lane_sum(count, [data](Eigen::Index i) { return static_cast<double>(data[i]) * static_cast<double>(data[i]); });
+}
+// sum_i a_i b_i and sum_i (a_i - b_i)^2 in double (the difference in Scalar).
+template <typename Scalar>
+double dot(const Scalar* a, const Scalar* b, Eigen::Index count) {
+  return lane_sum(count, [a, b](Eigen::Index i) { return static_cast<double>(a[i]) * static_cast<double>(b[i]); });
+}
+template <typename Scalar>
+double squared_distance(const Scalar* a, const Scalar* b, Eigen::Index count) {
+  return lane_sum(count, [a, b](Eigen::Index i) {
+    const auto difference = static_cast<double>(a[i] - b[i]);
+    return difference * difference;
+  });
 }
 template <typename Scalar>
 double squared_norm(const Mat<Scalar>& m) {
@@ -169,7 +194,7 @@ class Analysis {
 
   void start_draw(int l) {
     const int buffer = l % 2;
-    if (shards_) shards_->set_idle_work(nullptr);  // the second core lets go of the old draw first
+    if (shards_) shards_->clear_idle_work();  // the second core lets go of the old draw first
     loaded_[buffer] = -1;
     drawing_[buffer] = l;
     draws_[buffer].plan(config_, arch_, context(l), seed_, weight_buffers_[buffer]);
@@ -277,19 +302,33 @@ class Analysis {
   }
 
   // token_cos and erank of states 0..last and the angles of the sublayers between them: pure
-  // functions of the stored states, so computed after the forward pass, on every thread (each
-  // index is written by exactly one iteration, whichever thread runs it).
+  // functions of the stored states, so computed after the forward pass, on both shards (two
+  // contiguous halves of the states). Each shard walks up its half so that every state's unit
+  // rows are computed once and serve both angles that touch it.
   void representation_figures(int last) {
     auto& token_cos = result_.states.at("token_cos");
     auto& erank = result_.states.at("erank");
-    const bool parallel = omp_get_max_threads() > 1 && !omp_in_parallel();
-#pragma omp parallel for schedule(dynamic, 16) if (parallel)
-    for (int l = 0; l <= last; ++l) {
-      const Eigen::MatrixXd rows = token_rows(states_[l], states_[l].size());
-      token_cos[l] = mean_token_cosine(unit_rows(rows));
-      erank[l] = effective_rank(rows);
-      if (l < last) record_angle(l);
-    }
+    run_shards(shards_.get(), [&](int shard) {
+      const ShardRange range = shard_range(last + 1, shard);
+      Eigen::MatrixXd unit_below;
+      if (range.begin > 0 && range.size() > 0) {
+        unit_below = unit_rows(token_rows(states_[range.begin - 1], states_[range.begin - 1].size()));
+      }
+      for (auto l = static_cast<int>(range.begin); l < range.end; ++l) {
+        const Eigen::MatrixXd rows = token_rows(states_[l], states_[l].size());
+        Eigen::MatrixXd unit = unit_rows(rows);
+        token_cos[l] = mean_token_cosine(unit);
+        erank[l] = effective_rank(rows);
+        if (l > 0) {
+          if (states_[l - 1].size() == states_[l].size()) {
+            record_angle(l - 1, unit_below, unit);
+          } else {  // rare: the stream count changes; compare the streams both states have
+            record_angle(l - 1);
+          }
+        }
+        unit_below = std::move(unit);
+      }
+    });
   }
 
   // angle and block influence of sublayer l, over the streams both states have: angular distance
@@ -297,8 +336,9 @@ class Analysis {
   // arXiv 2403.03853).
   void record_angle(int l) {
     const std::size_t streams = std::min(states_[l].size(), states_[l + 1].size());
-    const Eigen::MatrixXd before = unit_rows(token_rows(states_[l], streams));
-    const Eigen::MatrixXd after = unit_rows(token_rows(states_[l + 1], streams));
+    record_angle(l, unit_rows(token_rows(states_[l], streams)), unit_rows(token_rows(states_[l + 1], streams)));
+  }
+  void record_angle(int l, const Eigen::MatrixXd& before, const Eigen::MatrixXd& after) {
     result_.sublayers.at("angle")[l] = mean_angular_distance(before, after);
     result_.sublayers.at("block_influence")[l] = 1.0 - (before.cwiseProduct(after).rowwise().sum()).mean();
   }
@@ -424,9 +464,9 @@ class Analysis {
         for (std::size_t s = 0; s < previous_.size(); ++s) {
           full += probe_squared_norm(previous_[s], k, tokens);
           skip += probe_squared_norm(skip_part_[s], k, tokens);
-          const auto rows = previous_[s].middleRows(static_cast<Eigen::Index>(k) * tokens, tokens);
-          const auto skip_rows = skip_part_[s].middleRows(static_cast<Eigen::Index>(k) * tokens, tokens);
-          through_branch += (rows - skip_rows).template cast<double>().squaredNorm();
+          const Eigen::Index offset = static_cast<Eigen::Index>(k) * tokens * previous_[s].cols();
+          through_branch += squared_distance(previous_[s].data() + offset, skip_part_[s].data() + offset,
+                                             static_cast<Eigen::Index>(tokens) * previous_[s].cols());
         }
         total += weight[k] * full, total_skip += weight[k] * skip, total_branch += weight[k] * through_branch;
         weights += weight[k];
@@ -634,14 +674,12 @@ class Analysis {
     const int probes = config_.probes, tokens = config_.seq;
     const auto& update = executor_.value(graph_.update_id());
     const auto& d_update = executor_.cotangent(graph_.update_id());
-    const Eigen::MatrixXd update_d = update.template cast<double>();
     for (int k = 0; k < probes; ++k) {
       // The cotangent is probe k's dL/d update divided by exp(log_scale_[k]): keep the log.
-      const double dot = d_update.middleRows(static_cast<Eigen::Index>(k) * tokens, tokens)
-                             .template cast<double>()
-                             .cwiseProduct(update_d)
-                             .sum();
-      log_contribution_[static_cast<std::size_t>(l) * probes + k] = std::log(std::abs(dot)) + log_scale_[k];
+      const double contribution =
+          dot(d_update.data() + static_cast<Eigen::Index>(k) * tokens * update.cols(), update.data(), update.size());
+      log_contribution_[static_cast<std::size_t>(l) * probes + k] =
+          std::log(std::abs(contribution)) + log_scale_[k];
     }
     if (config_.branch == BranchKind::model) {
       std::vector<double> logs(probes);
@@ -650,8 +688,7 @@ class Analysis {
     }
     if (arch_.additive_stream) {
       const Mat<Scalar>& top = states_[sublayers_].front();
-      result_.sublayers.at("stream_decomposition")[l] =
-          update_d.cwiseProduct(top.template cast<double>()).sum() / squared_norm(top);
+      result_.sublayers.at("stream_decomposition")[l] = dot(update.data(), top.data(), top.size()) / squared_norm(top);
     }
   }
 

@@ -26,10 +26,12 @@ ShardPair::~ShardPair() {
   worker_.join();
 }
 
-// Dekker-style handshake (sequentially consistent): once idle_ holds the new work and no step of
-// the second core is in flight, no later step can see the old work.
-void ShardPair::set_idle_work(IdleWork* work) {
-  idle_.store(work);
+void ShardPair::set_idle_work(IdleWork* work) { idle_.store(work); }
+
+// Dekker-style handshake (sequentially consistent): once idle_ is null and no step of the second
+// core is in flight, no later step can see the old work.
+void ShardPair::clear_idle_work() {
+  idle_.store(nullptr);
   while (idle_users_.load() != 0) _mm_pause();
 }
 

@@ -33,10 +33,11 @@ class ShardPair {
   ShardPair(const ShardPair&) = delete;
   ShardPair& operator=(const ShardPair&) = delete;
 
-  // Work both threads pick up while they wait, e.g. the next sublayer's weights; null: none.
-  // Returns once the second core no longer uses the previous idle work, so the caller may then
-  // reuse it. Call from the thread that calls run().
+  // Work both threads pick up while they wait, e.g. the next sublayer's weights. Call from the
+  // thread that calls run(); clear_idle_work() returns once the second core no longer uses the
+  // previous idle work, so the caller may then reuse it.
   void set_idle_work(IdleWork* work);
+  void clear_idle_work();
 
   // Runs work(0) on the calling thread and work(1) on the second core (or after work(0)), and
   // returns when both are done. work must not throw.

@@ -141,7 +141,7 @@ TEST_CASE("weights drawn by two threads as idle work equal weights drawn in one 
     shards.set_idle_work(&draw);
     shards.run([](int) {});  // the second core draws chunks while it waits
     draw.finish();
-    shards.set_idle_work(nullptr);
+    shards.clear_idle_work();
     for (const auto member : {&SublayerWeights<float>::w_q, &SublayerWeights<float>::w_k,
                               &SublayerWeights<float>::w_v, &SublayerWeights<float>::w_o,
                               &SublayerWeights<float>::w_1, &SublayerWeights<float>::w_2}) {
