@@ -6,12 +6,17 @@ in one run on one machine. Writes a JSON file and prints a Markdown table.
 The PyTorch side uses whatever BLAS Debian's torch links (generic BLAS on Debian 12), so its time is
 that of a straightforward PyTorch script on this machine.
 
-Usage: bench/bench.py [--gradflow build/gradflow] [--depths 64,256,1024,4096,8192] [--skip-torch] [-o FILE]
+Every gradflow configuration runs --repeats times (the 1- and 2-thread runs at depth 1024
+interleaved) and is reported by its median, with the spread: the machines are noisy.
+
+Usage: bench/bench.py [--gradflow build/gradflow] [--depths 64,256,1024,4096,8192] [--repeats 3]
+                      [--skip-torch] [-o FILE]
 """
 import argparse
 import json
 import os
 import platform
+import statistics
 import resource
 import subprocess
 import sys
@@ -81,6 +86,7 @@ def main():
     parser.add_argument("--gradflow", default="build/gradflow")
     parser.add_argument("--depths", default="64,256,1024,4096,8192")
     parser.add_argument("--torch-depth", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per gradflow configuration (median reported)")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("-o", "--output", default="bench/results.json")
     args = parser.parse_args()
@@ -93,24 +99,48 @@ def main():
     roofline = {1: measured["large"]["1"], 2: measured["large"]["2"]}
     results["gemm_roofline_gflops"] = measured
 
-    def gradflow(depth, threads):
-        seconds, rss, out = run_measured([args.gradflow, "analyze", "--arch", "keel", "--depth", str(depth),
-                                          "--threads", str(threads), "-q"])
-        flops = forward_backward_flops(depth)
-        row = {"tool": "gradflow", "depth": depth, "threads": threads, "seconds": seconds, "peak_rss_mb": rss,
-               "gflops": flops / seconds / 1e9, "roofline_fraction": flops / seconds / 1e9 / roofline[threads]}
-        results["runs"].append(row)
-        print(f"gradflow depth {depth:5d} threads {threads}: {seconds:7.2f} s, {rss:7.0f} MB, "
-              f"{row['gflops']:6.1f} GFLOP/s ({100 * row['roofline_fraction']:.0f}% of GEMM roofline)", file=sys.stderr)
-        return row, out
+    def gradflow_once(depth, threads):
+        return run_measured([args.gradflow, "analyze", "--arch", "keel", "--depth", str(depth),
+                             "--threads", str(threads), "-q"])
 
-    one, out_one = gradflow(1024, 1)
-    two, out_two = gradflow(1024, 2)
+    def main_loop_seconds(out):
+        """The per-sublayer loops (forward and backward) as gradflow timed them itself."""
+        timing = json.loads(out)["runs"][0]["seeds"][0]["timing"]
+        return timing["forward_seconds"] + timing["backward_seconds"]
+
+    def summarize(depth, threads, samples):
+        seconds = statistics.median(s for s, _, _ in samples)
+        loop_seconds = statistics.median(main_loop_seconds(out) for _, _, out in samples)
+        rss = max(r for _, r, _ in samples)
+        flops = forward_backward_flops(depth)
+        row = {"tool": "gradflow", "depth": depth, "threads": threads, "seconds": seconds,
+               "seconds_all": [s for s, _, _ in samples], "peak_rss_mb": rss,
+               "gflops": flops / seconds / 1e9, "roofline_fraction": flops / seconds / 1e9 / roofline[threads],
+               "main_loop_seconds": loop_seconds,
+               "main_loop_roofline_fraction": flops / loop_seconds / 1e9 / roofline[threads]}
+        results["runs"].append(row)
+        print(f"gradflow depth {depth:5d} threads {threads}: {seconds:7.2f} s (median of {len(samples)}, "
+              f"{min(row['seconds_all']):.2f}-{max(row['seconds_all']):.2f}), {rss:7.0f} MB, "
+              f"{row['gflops']:6.1f} GFLOP/s ({100 * row['roofline_fraction']:.0f}% of GEMM roofline end to end, "
+              f"{100 * row['main_loop_roofline_fraction']:.0f}% in the main loop)", file=sys.stderr)
+        return row
+
+    # Threads 1 and 2 at depth 1024, interleaved so that both see the same machine.
+    samples = {1: [], 2: []}
+    for _ in range(args.repeats):
+        for threads in (1, 2):
+            samples[threads].append(gradflow_once(1024, threads))
+    one, two = summarize(1024, 1, samples[1]), summarize(1024, 2, samples[2])
     results["threads_speedup"] = one["seconds"] / two["seconds"]
-    results["threads_identical_output"] = strip_timing(out_one) == strip_timing(out_two)
-    scaling = [gradflow(depth, 2)[0] for depth in depths if depth != 1024] + [two]
+    outputs = {strip_timing(out) for threads in (1, 2) for _, _, out in samples[threads]}
+    results["threads_identical_output"] = len(outputs) == 1
+    scaling = [summarize(depth, 2, [gradflow_once(depth, 2) for _ in range(args.repeats)])
+               for depth in depths if depth != 1024] + [two]
     scaling.sort(key=lambda r: r["depth"])
     results["seconds_per_block"] = {r["depth"]: r["seconds"] / r["depth"] for r in scaling}
+    per_block = list(results["seconds_per_block"].values())
+    middle = statistics.median(per_block)
+    results["linearity_max_deviation"] = max(abs(p / middle - 1) for p in per_block)
 
     if not args.skip_torch:
         for threads in (2,):
@@ -125,17 +155,25 @@ def main():
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
     with open(args.output, "w") as f:
         json.dump(results, f, indent=1)
-    print("| tool | depth (blocks) | threads | wall s | peak RSS MB | GFLOP/s | % roofline |")
-    print("|---|---|---|---|---|---|---|")
+    print("| tool | depth (blocks) | threads | wall s (median) | range s | peak RSS MB | GFLOP/s | % roofline "
+          "| main loop s | main loop % roofline |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results["runs"]:
         fraction = f"{100 * r['roofline_fraction']:.0f}" if "roofline_fraction" in r else "-"
-        print(f"| {r['tool']} | {r['depth']} | {r['threads']} | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | "
-              f"{r['gflops']:.1f} | {fraction} |")
-    print(f"\nGEMM roofline (Eigen float32 2048^3): {roofline[1]:.0f} GFLOP/s (1 thread), {roofline[2]:.0f} (2 threads); "
+        spread = f"{min(r['seconds_all']):.2f}-{max(r['seconds_all']):.2f}" if "seconds_all" in r else "-"
+        loop = f"{r['main_loop_seconds']:.2f} | {100 * r['main_loop_roofline_fraction']:.0f}" if "main_loop_seconds" in r else "- | -"
+        print(f"| {r['tool']} | {r['depth']} | {r['threads']} | {r['seconds']:.2f} | {spread} | {r['peak_rss_mb']:.0f} | "
+              f"{r['gflops']:.1f} | {fraction} | {loop} |")
+    print("\nGFLOP/s count the GEMMs of the forward pass, the recomputed forward pass and the input-gradient "
+          "backward; the main loop is the per-sublayer forward and backward loops as gradflow times them "
+          "(without the representation figures, start-up and output).")
+    print(f"GEMM roofline (Eigen float32 2048^3): {roofline[1]:.0f} GFLOP/s (1 thread), {roofline[2]:.0f} (2 threads); "
           f"at the sublayer's shape 64x256x1024, 1 thread: {measured['sublayer_shape_1thread']:.0f}")
-    print(f"threads 2 vs 1 at depth 1024: {results['threads_speedup']:.2f}x, identical output: {results['threads_identical_output']}")
+    print(f"threads 2 vs 1 at depth 1024: {results['threads_speedup']:.2f}x, identical output "
+          f"(all {2 * args.repeats} runs): {results['threads_identical_output']}")
     per_block = results["seconds_per_block"]
-    print("seconds per block by depth: " + ", ".join(f"{d}: {s * 1e3:.2f} ms" for d, s in per_block.items()))
+    print("seconds per block by depth: " + ", ".join(f"{d}: {s * 1e3:.2f} ms" for d, s in per_block.items()) +
+          f"; largest deviation from the median: {100 * results['linearity_max_deviation']:.1f}%")
     if "speedup_vs_pytorch" in results:
         print(f"gradflow vs PyTorch at depth {args.torch_depth}: {results['speedup_vs_pytorch']:.1f}x faster, "
               f"{results['rss_ratio_vs_pytorch']:.1f}x less memory")

@@ -90,6 +90,10 @@ double probe_squared_norm(const Mat<Scalar>& cotangent, int probe, int tokens) {
                       static_cast<Eigen::Index>(tokens) * cotangent.cols());
 }
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 // log(sqrt(mean_k exp(2 a_k))): the log of a probe-RMS from per-probe logs, without overflow.
 double log_rms(const std::vector<double>& log_values) {
   double top = -std::numeric_limits<double>::infinity();
@@ -137,13 +141,17 @@ class Analysis {
     }
     const bool forward_ok = forward(input_ ? *input_ : seed_input, !profile_separately);
     if (forward_ok && config_.angles_all) angles_matrix();
-    if (forward_ok) backward();
+    if (forward_ok) {
+      const auto backward_start = std::chrono::steady_clock::now();
+      backward();
+      result_.backward_seconds = seconds_since(backward_start);
+    }
     const bool complete = forward_ok && !result_.diverged;
     if (complete && config_.exact_jacobian) exact_jacobian();
     if (complete && config_.spectrum > 0) spectrum();
     shards_.reset();
     summarize();
-    result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    result_.seconds = seconds_since(start);
     return std::move(result_);
   }
 
@@ -260,6 +268,7 @@ class Analysis {
 
   // profile: update the profiled skip weights (Admin) from this pass.
   bool forward(const Mat<Scalar>& input, bool profile) {
+    const auto start = std::chrono::steady_clock::now();
     states_.assign(sublayers_ + 1, {});
     states_[0].assign(arch_.initial_streams, input);
     record_state_rms(0);
@@ -291,12 +300,14 @@ class Analysis {
             fmt::format(
                 "state x_{} has non-finite entries (overflow in {}); figures after sublayer {} are null",
                 l + 1, to_string(config_.precision), l)};
+        result_.forward_seconds += seconds_since(start);
         representation_figures(l);
         return false;
       }
       record_state_rms(l + 1);
       report_progress(l + 1);
     }
+    result_.forward_seconds += seconds_since(start);
     representation_figures(sublayers_);
     return true;
   }
@@ -306,6 +317,7 @@ class Analysis {
   // contiguous halves of the states). Each shard walks up its half so that every state's unit
   // rows are computed once and serve both angles that touch it.
   void representation_figures(int last) {
+    const auto start = std::chrono::steady_clock::now();
     auto& token_cos = result_.states.at("token_cos");
     auto& erank = result_.states.at("erank");
     run_shards(shards_.get(), [&](int shard) {
@@ -329,6 +341,7 @@ class Analysis {
         unit_below = std::move(unit);
       }
     });
+    result_.representation_seconds += seconds_since(start);
   }
 
   // angle and block influence of sublayer l, over the streams both states have: angular distance

@@ -78,7 +78,10 @@ json seed_to_json(const SeedResult& seed) {
     for (const auto& row : seed.angles_matrix) matrix.push_back(json_numbers(row));
     out["angles_matrix"] = matrix;
   }
-  out["timing"] = {{"seconds", seed.seconds}};
+  out["timing"] = {{"seconds", seed.seconds},
+                   {"forward_seconds", seed.forward_seconds},
+                   {"representation_seconds", seed.representation_seconds},
+                   {"backward_seconds", seed.backward_seconds}};
   return out;
 }
 
