@@ -102,6 +102,7 @@ struct AttentionCache {             // what the forward saves for the backward, 
   Mat<Scalar> d_probs[2], d_scores[2];          // (T, T) scratch, one per shard
   Mat<Scalar> partial[2];                       // each shard's partial sum of the output or dx
   Mat<Scalar> grams[2][2];                      // each shard's (T, T) Gram scratch
+  Vec<Scalar> row_dot[2];                       // each shard's softmax-backward row sums
   ParamGradSquares param_grad_partial[2];
 };
 template <typename Scalar>
@@ -130,6 +131,7 @@ struct FfnCache {
   Mat<Scalar> d_hidden, d_hidden_pre;  // (K*T, 4d) scratch
   Mat<Scalar> partial[2];              // each shard's partial sum of the output or dx
   Mat<Scalar> grams[2][3];             // each shard's (T, T) Gram scratch
+  Eigen::Array<Scalar, 1, Eigen::Dynamic> slope[2];  // each shard's row of GELU slopes
   ParamGradSquares param_grad_partial[2];
 };
 template <typename Scalar>

@@ -127,7 +127,8 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
         d_probs.noalias() = d_context * cache.v.middleCols(h * head_dim, head_dim).transpose();  // (T, T)
         cache.d_v.block(k * tokens, h * head_dim, tokens, head_dim).noalias() = probs.transpose() * d_context;
         // softmax backward: dS = P (dP - rowsum(dP P)); masked entries have P = 0.
-        const Vec<Scalar> row_dot = (d_probs.array() * probs.array()).rowwise().sum();
+        Vec<Scalar>& row_dot = cache.row_dot[shard];
+        row_dot.noalias() = (d_probs.array() * probs.array()).rowwise().sum().matrix();
         d_scores = (probs.array() * (d_probs.colwise() - row_dot).array()) * scale;
         cache.d_q.block(k * tokens, h * head_dim, tokens, head_dim).noalias() =
             d_scores * cache.k.middleCols(h * head_dim, head_dim);

@@ -19,13 +19,15 @@ void gelu_forward_rows(const In& x, Out&& y) {
   }
 }
 
-// dx += dy * gelu'(x), d/dx [x Phi(x)] = Phi(x) + x phi(x); dy holds K probes of x's rows.
+// dx (+)= dy * gelu'(x), d/dx [x Phi(x)] = Phi(x) + x phi(x); dy holds K probes of x's rows.
+// slope: one row of scratch, kept by the caller so that the loop does not allocate.
 template <typename Scalar, typename In, typename DOut, typename DIn>
-void gelu_backward_rows(const In& x, const DOut& dy, DIn&& dx, bool accumulate = false) {
+void gelu_backward_rows(const In& x, const DOut& dy, DIn&& dx, Eigen::Array<Scalar, 1, Eigen::Dynamic>& slope,
+                        bool accumulate = false) {
   const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
   const Scalar inv_sqrt_2pi = static_cast<Scalar>(1.0 / std::sqrt(2.0 * std::numbers::pi));
   const Eigen::Index tokens = x.rows();
-  Eigen::Array<Scalar, 1, Eigen::Dynamic> slope;
+  slope.resize(x.cols());
   for (Eigen::Index r = 0; r < tokens; ++r) {
     const auto in = x.row(r).array();
     slope = Scalar(0.5) * (Scalar(1) + (in * inv_sqrt2).erf()) + in * inv_sqrt_2pi * (Scalar(-0.5) * in.square()).exp();
@@ -47,7 +49,8 @@ void gelu_forward(const Mat<Scalar>& x, Mat<Scalar>& y) {
 
 template <typename Scalar>
 void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx) {
-  gelu_backward_rows<Scalar>(x, dy, dx, true);
+  Eigen::Array<Scalar, 1, Eigen::Dynamic> slope;
+  gelu_backward_rows<Scalar>(x, dy, dx, slope, true);
 }
 
 template <typename Scalar>
@@ -106,7 +109,7 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
     auto d_hidden = cache.d_hidden.middleCols(units.begin, units.size());
     auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size());
     d_hidden.noalias() = d_out * w.w_2.middleRows(units.begin, units.size()).transpose();  // (K*T, n)
-    gelu_backward_rows<Scalar>(pre, d_hidden, d_pre);
+    gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, cache.slope[shard]);
     cache.partial[shard].noalias() = d_pre * w.w_1.middleCols(units.begin, units.size()).transpose();
     auto& squares = cache.param_grad_partial[shard];
     squares.assign(probes, 0.0);
