@@ -170,7 +170,9 @@ Command setup_analyze(CLI::App& app) {
   sub->add_option("--seeds", options->seeds, "Run seeds 0..N-1 and add mean, std and 95% intervals")
       ->excludes(seed)
       ->default_str("off");
-  sub->add_option("--threads", options->threads, "Worker threads; results are identical for every count")
+  sub->add_option("--threads", options->threads,
+                  "Threads: several runs (placements x seeds) run side by side; a single run splits each op "
+                  "over two of them. Results are identical for every count")
       ->default_str("all cores");
   sub->add_option("--format", options->format,
                   "Output format: json, csv, table (a summary for the terminal) or markdown (the same as a "
