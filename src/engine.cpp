@@ -270,6 +270,7 @@ class Analysis {
   bool forward(const Mat<Scalar>& input, bool profile) {
     const auto start = std::chrono::steady_clock::now();
     states_.assign(sublayers_ + 1, {});
+    output_norm_stats_.resize(sublayers_);
     states_[0].assign(arch_.initial_streams, input);
     record_state_rms(0);
     auto& branch_rms = result_.sublayers.at("branch_rms");
@@ -284,6 +285,7 @@ class Analysis {
       State<Scalar>& next = states_[l + 1];
       next.resize(graph_.outputs().size());
       for (std::size_t s = 0; s < next.size(); ++s) next[s] = executor_.value(graph_.outputs()[s]);
+      executor_.output_norm_stats(graph_, output_norm_stats_[l]);  // for the backward's recompute
       const double update_sq = squared_norm(executor_.value(graph_.update_id()));
       branch_rms[l] = std::sqrt(update_sq / executor_.value(graph_.update_id()).size());
       stream_share[l] = std::sqrt(update_sq / squared_norm(executor_.value(graph_.sum_id())));
@@ -462,8 +464,14 @@ class Analysis {
     auto& branch_gain = result_.sublayers.at("branch_gain");
     std::vector<double> weight(probes);
     for (int l = sublayers_ - 1; l >= 0; --l) {
-      const auto branch = prepare_sublayer(l, l - 1);  // recompute the activations from the stored state
-      executor_.forward(graph_, states_[l], branch);
+      // Recompute the activations from the stored state; post-norm placements stop before the
+      // branch's output projection, since the stored x_{l+1} and its norm statistics are known.
+      const auto branch = prepare_sublayer(l, l - 1);
+      if (config_.recompute_in_full || arch_.additive_stream) {  // additive: stream_decomposition needs F
+        executor_.forward(graph_, states_[l], branch);
+      } else {
+        executor_.recompute(graph_, states_[l], branch, KnownOutputs<Scalar>{&states_[l + 1], &output_norm_stats_[l]});
+      }
       executor_.backward(graph_, gradient_, false, branch, skip_part_);
       executor_.backward(graph_, gradient_, true, branch, previous_,
                          config_.branch == BranchKind::model ? &param_grads_ : nullptr);
@@ -688,9 +696,14 @@ class Analysis {
     const auto& update = executor_.value(graph_.update_id());
     const auto& d_update = executor_.cotangent(graph_.update_id());
     for (int k = 0; k < probes; ++k) {
-      // The cotangent is probe k's dL/d update divided by exp(log_scale_[k]): keep the log.
+      // The cotangent is probe k's dL/d update divided by exp(log_scale_[k]): keep the log. When the
+      // recompute skipped F's output projection, <dL/dF, F> (= <dL/d update, update>, see
+      // recompute_can_skip_branch_output) came from the branch's backward.
       const double contribution =
-          dot(d_update.data() + static_cast<Eigen::Index>(k) * tokens * update.cols(), update.data(), update.size());
+          executor_.skipped_branch_output()
+              ? executor_.branch_output_dots()[k]
+              : dot(d_update.data() + static_cast<Eigen::Index>(k) * tokens * update.cols(), update.data(),
+                    update.size());
       log_contribution_[static_cast<std::size_t>(l) * probes + k] =
           std::log(std::abs(contribution)) + log_scale_[k];
     }
@@ -793,6 +806,7 @@ class Analysis {
 
   SeedResult result_;
   std::vector<State<Scalar>> states_;
+  std::vector<State<Scalar>> output_norm_stats_;  // per sublayer: its output norms' statistics
   SublayerGraph graph_;
   GraphExecutor<Scalar> executor_;
   SublayerWeights<Scalar> weight_buffers_[2];

@@ -1,6 +1,7 @@
 // SublayerGraph construction and its forward/backward interpreter.
 #include "gradflow/graph.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -59,20 +60,109 @@ AttentionOptions GraphExecutor<Scalar>::attention_options(const SublayerGraph& g
   return options;
 }
 
+bool recompute_can_skip_branch_output(const SublayerGraph& graph) {
+  const int branch = graph.branch_id();
+  if (branch < 0) return false;
+  std::vector<char> after(graph.value_count(), 0);
+  std::vector<int> consumers(graph.value_count(), 0);
+  after[branch] = 1;
+  const auto& nodes = graph.nodes();
+  for (std::size_t index = 0; index < nodes.size(); ++index) {
+    const Node& node = nodes[index];
+    const int id = graph.input_count() + static_cast<int>(index);
+    ++consumers[node.lhs];
+    if (node.rhs >= 0) ++consumers[node.rhs];
+    if (id == branch) continue;
+    after[id] = after[node.lhs] || (node.rhs >= 0 && after[node.rhs]);
+    if (!after[id]) continue;
+    const bool is_output =
+        std::find(graph.outputs().begin(), graph.outputs().end(), id) != graph.outputs().end();
+    switch (node.op) {
+      case NodeOp::add:
+      case NodeOp::scale:
+        break;
+      case NodeOp::norm:
+      case NodeOp::unit:
+        if (!is_output) return false;  // its backward needs a value only F can give
+        break;
+      case NodeOp::branch:
+        return false;
+    }
+  }
+  const int update = graph.update_id();
+  if (update == branch) return true;
+  if (update < graph.input_count()) return false;
+  const Node& node = nodes[update - graph.input_count()];
+  return node.op == NodeOp::scale && node.lhs == branch && consumers[branch] == 1;
+}
+
 template <typename Scalar>
 void GraphExecutor<Scalar>::forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
                                     const BranchContext<Scalar>& context) {
+  run_forward(graph, inputs, context, nullptr);
+}
+
+template <typename Scalar>
+void GraphExecutor<Scalar>::recompute(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
+                                      const BranchContext<Scalar>& context, const KnownOutputs<Scalar>& known) {
+  const bool skip = context.branch == BranchKind::model && known.values != nullptr &&
+                    known.norm_stats != nullptr && recompute_can_skip_branch_output(graph);
+  run_forward(graph, inputs, context, skip ? &known : nullptr);
+}
+
+template <typename Scalar>
+void GraphExecutor<Scalar>::output_norm_stats(const SublayerGraph& graph, std::vector<Mat<Scalar>>& stats) const {
+  stats.resize(graph.outputs().size());
+  for (std::size_t i = 0; i < graph.outputs().size(); ++i) {
+    const int id = graph.outputs()[i];
+    const bool norm = id >= graph.input_count() &&
+                      (graph.nodes()[id - graph.input_count()].op == NodeOp::norm ||
+                       graph.nodes()[id - graph.input_count()].op == NodeOp::unit);
+    if (norm) {
+      stats[i] = norm_stats_[id];
+    } else {
+      stats[i].resize(0, 0);
+    }
+  }
+}
+
+template <typename Scalar>
+void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
+                                        const BranchContext<Scalar>& context, const KnownOutputs<Scalar>* known) {
   const int count = graph.value_count();
   if (static_cast<int>(values_.size()) < count) {
     values_.resize(count);
     cotangents_.resize(count);
     norm_stats_.resize(count);
   }
+  after_branch_.assign(count, 0);
+  skipped_branch_output_ = known != nullptr;
   for (int i = 0; i < graph.input_count(); ++i) values_[i] = inputs[i];
   int id = graph.input_count();
   for (const Node& node : graph.nodes()) {
     Mat<Scalar>& out = values_[id];
     const Mat<Scalar>& a = values_[node.lhs];
+    if (known && (node.op == NodeOp::branch || after_branch_[node.lhs] ||
+                  (node.rhs >= 0 && after_branch_[node.rhs]))) {
+      after_branch_[id] = 1;
+      if (node.op == NodeOp::branch) {  // the hidden activations only: no output projection
+        if (context.kind == SublayerKind::attn) {
+          attention_forward(a, *context.weights, attention_options(graph, context), attention_, out,
+                            context.shards, false);
+        } else {
+          ffn_forward(a, *context.weights, ffn_, out, context.shards, false);
+        }
+      } else if (node.op == NodeOp::norm || node.op == NodeOp::unit) {  // an output: known
+        const auto& outputs = graph.outputs();
+        const auto index = static_cast<std::size_t>(std::find(outputs.begin(), outputs.end(), id) - outputs.begin());
+        out = (*known->values)[index];
+        norm_stats_[id] = (*known->norm_stats)[index];
+      }
+      // Skipped values keep the shape the backward's buffers need: (T, d) like the input.
+      if (out.rows() != a.rows() || out.cols() != a.cols()) out.resize(a.rows(), a.cols());
+      ++id;
+      continue;
+    }
     switch (node.op) {
       case NodeOp::add:
         out = a + values_[node.rhs];
@@ -135,9 +225,11 @@ void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vect
           rotation_backward(d_out, d_a);
         } else if (context.kind == SublayerKind::attn) {
           attention_backward(values_[node.lhs], *context.weights, attention_options(graph, context),
-                             attention_, d_out, d_a, param_grads, context.shards);
+                             attention_, d_out, d_a, param_grads, context.shards,
+                             skipped_branch_output_ ? &branch_output_dots_ : nullptr);
         } else {
-          ffn_backward(values_[node.lhs], *context.weights, ffn_, d_out, d_a, param_grads, context.shards);
+          ffn_backward(values_[node.lhs], *context.weights, ffn_, d_out, d_a, param_grads, context.shards,
+                       skipped_branch_output_ ? &branch_output_dots_ : nullptr);
         }
         break;
     }

@@ -68,6 +68,9 @@ struct ModelConfig {
     double delta = 0.0;
   };
   std::optional<WeightNudge> weight_nudge;
+  // Test-only: recompute every sublayer in full during the backward pass, also where the branch's
+  // output projection is not needed (GraphExecutor::recompute), to compare the two. Never set by the CLI.
+  bool recompute_in_full = false;
 
   int sublayers_per_block() const { return block == BlockKind::attn_ffn ? 2 : 1; }
   int sublayers() const { return blocks * sublayers_per_block(); }

@@ -79,6 +79,22 @@ struct BranchContext {
   ShardPair* shards = nullptr;  // the branch's two shards run on two cores when set
 };
 
+// What the backward pass already knows about a sublayer's outputs when it recomputes the
+// sublayer: the stored next state and, for outputs that are norm nodes, their statistics saved by
+// the forward pass (GraphExecutor::output_norm_stats).
+template <typename Scalar>
+struct KnownOutputs {
+  const std::vector<Mat<Scalar>>* values = nullptr;  // the next state's streams
+  const std::vector<Mat<Scalar>>* norm_stats = nullptr;
+};
+
+// True when a recompute for the backward pass may stop at the branch's hidden activations: every
+// node after the branch is an add, a scale, or a norm whose value is a graph output (its backward
+// needs only its output and statistics, which are known), and the update is F or s F with F used
+// once, so that <dL/d update, update> = <dL/dF, F> comes from the branch's backward. Post-norm
+// placements (post-ln, keel, deepnorm, ...) qualify; their branch's output projection is skipped.
+bool recompute_can_skip_branch_output(const SublayerGraph& graph);
+
 // Runs a SublayerGraph forward, keeping what the backward needs, then backward. Buffers are
 // reused across sublayers, so the per-sublayer loop does not allocate once shapes have settled.
 template <typename Scalar>
@@ -86,6 +102,18 @@ class GraphExecutor {
  public:
   void forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
                const BranchContext<Scalar>& context);
+  // The backward pass's recompute: like forward, but when recompute_can_skip_branch_output(graph)
+  // the branch output and the nodes after it are not computed; the output norms take their values
+  // and statistics from `known` instead (the same bits the forward pass produced). value() of a
+  // skipped node is then undefined, and the backward provides branch_output_dots() instead.
+  void recompute(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
+                 const BranchContext<Scalar>& context, const KnownOutputs<Scalar>& known);
+  bool skipped_branch_output() const { return skipped_branch_output_; }
+  // After a backward through the branch that followed a recompute with the output skipped:
+  // <dL/dF, F> per probe, from the branch's hidden activations.
+  const std::vector<double>& branch_output_dots() const { return branch_output_dots_; }
+  // After forward: output i's norm statistics ((T, groups); empty if output i is not a norm node).
+  void output_norm_stats(const SublayerGraph& graph, std::vector<Mat<Scalar>>& stats) const;
 
   // Vector-Jacobian product: d_outputs (one (K*T, d) cotangent per output stream) to d_inputs.
   // through_branch = false cuts every path through F: the result is the skip path's share.
@@ -105,7 +133,13 @@ class GraphExecutor {
  private:
   AttentionOptions attention_options(const SublayerGraph& graph, const BranchContext<Scalar>& context) const;
 
+  void run_forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
+                   const BranchContext<Scalar>& context, const KnownOutputs<Scalar>* known);
+
   std::vector<Mat<Scalar>> values_, cotangents_, norm_stats_;
+  std::vector<char> after_branch_;  // per value id: depends on the branch output
+  bool skipped_branch_output_ = false;
+  std::vector<double> branch_output_dots_;
   AttentionCache<Scalar> attention_;
   FfnCache<Scalar> ffn_;
 };

@@ -104,17 +104,20 @@ struct AttentionCache {             // what the forward saves for the backward, 
   Mat<Scalar> grams[2][2];                      // each shard's (T, T) Gram scratch
   Vec<Scalar> row_dot[2];                       // each shard's softmax-backward row sums
   ParamGradSquares param_grad_partial[2];
+  std::vector<double> output_dot_partial[2];
 };
+// with_output = false stops before the output projection (out is left untouched): the backward
+// needs only the cached activations, and then output_dots gives <d_out_k, out> per probe.
 template <typename Scalar>
 void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                        const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out,
-                       ShardPair* shards = nullptr);
+                       ShardPair* shards = nullptr, bool with_output = true);
 // param_grads, when given, receives each probe's squared norm of dL/d{W_Q, W_K, W_V, W_O}.
 template <typename Scalar>
 void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                         const AttentionOptions& options, AttentionCache<Scalar>& cache,
                         const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr,
-                        ShardPair* shards = nullptr);
+                        ShardPair* shards = nullptr, std::vector<double>* output_dots = nullptr);
 
 // Jacobian-vector product (forward mode) after attention_forward: d_out = J d_x for P tangents
 // stacked as P blocks of T rows, (P*T, d). Used by --spectrum, which needs J as well as J^T.
@@ -133,14 +136,16 @@ struct FfnCache {
   Mat<Scalar> grams[2][3];             // each shard's (T, T) Gram scratch
   Eigen::Array<Scalar, 1, Eigen::Dynamic> slope[2];  // each shard's row of GELU slopes
   ParamGradSquares param_grad_partial[2];
+  std::vector<double> output_dot_partial[2];
 };
+// with_output and output_dots as for attention: <d_out_k, out> = <d_out_k W_2^T, gelu(x W_1)>.
 template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
-                 Mat<Scalar>& out, ShardPair* shards = nullptr);
+                 Mat<Scalar>& out, ShardPair* shards = nullptr, bool with_output = true);
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
                   const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr,
-                  ShardPair* shards = nullptr);
+                  ShardPair* shards = nullptr, std::vector<double>* output_dots = nullptr);
 
 // Forward mode after ffn_forward: d_out = J d_x, tangents (P*T, d).
 template <typename Scalar>

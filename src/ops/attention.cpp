@@ -53,7 +53,7 @@ inline ShardRange head_range(int heads, int shard) { return shard_range(heads, s
 template <typename Scalar>
 void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                        const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out,
-                       ShardPair* shards) {
+                       ShardPair* shards, bool with_output) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
   const Scalar scale = static_cast<Scalar>(options.score_scale);
   for (Mat<Scalar>* m : {&cache.q_raw, &cache.k_raw, &cache.v_raw, &cache.context}) m->resize(tokens, width);
@@ -89,17 +89,18 @@ void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
       cache.context.middleCols(h * head_dim, head_dim).noalias() =
           probs * cache.v.middleCols(h * head_dim, head_dim);
     }
+    if (!with_output) return;
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
     cache.partial[shard].noalias() = cache.context.middleCols(begin, size) * w.w_o.middleRows(begin, size);
   });
-  out = cache.partial[0] + cache.partial[1];  // (T, d)
+  if (with_output) out = cache.partial[0] + cache.partial[1];  // (T, d)
 }
 
 template <typename Scalar>
 void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                         const AttentionOptions& options, AttentionCache<Scalar>& cache,
                         const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads,
-                        ShardPair* shards) {
+                        ShardPair* shards, std::vector<double>* output_dots) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
   const Eigen::Index rows = d_out.rows(), probes = rows / tokens;
   const Scalar scale = static_cast<Scalar>(options.score_scale);
@@ -118,6 +119,16 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
     cache.param_grad_partial[shard].assign(probes, 0.0);
     cache.d_context.middleCols(begin, size).noalias() = d_out * w.w_o.middleRows(begin, size).transpose();
+    if (output_dots) {  // <d_out, C W_O> = <d_out W_O^T, C> over this shard's heads
+      auto& dots = cache.output_dot_partial[shard];
+      dots.assign(probes, 0.0);
+      const auto context = cache.context.middleCols(begin, size);
+      for (Eigen::Index k = 0; k < probes; ++k) {
+        dots[k] = (cache.d_context.block(k * tokens, begin, tokens, size).template cast<double>().array() *
+                   context.template cast<double>().array())
+                      .sum();
+      }
+    }
     Mat<Scalar>& d_probs = cache.d_probs[shard];
     Mat<Scalar>& d_scores = cache.d_scores[shard];
     for (Eigen::Index k = 0; k < probes; ++k) {
@@ -167,6 +178,11 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     for (Eigen::Index k = 0; k < probes; ++k)
       (*param_grads)[k] = cache.param_grad_partial[0][k] + cache.param_grad_partial[1][k];
   }
+  if (output_dots) {
+    output_dots->assign(probes, 0.0);
+    for (Eigen::Index k = 0; k < probes; ++k)
+      (*output_dots)[k] = cache.output_dot_partial[0][k] + cache.output_dot_partial[1][k];
+  }
 }
 
 template <typename Scalar>
@@ -204,10 +220,11 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
 #define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                              \
   template void attention_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,               \
                                           const AttentionOptions&, AttentionCache<Scalar>&, Mat<Scalar>&,   \
-                                          ShardPair*);                                                      \
+                                          ShardPair*, bool);                                                \
   template void attention_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,              \
                                            const AttentionOptions&, AttentionCache<Scalar>&,                \
-                                           const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*); \
+                                           const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*,  \
+                                           std::vector<double>*);                                            \
   template void attention_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                   \
                                       const AttentionOptions&, AttentionCache<Scalar>&, const Mat<Scalar>&, \
                                       Mat<Scalar>&);

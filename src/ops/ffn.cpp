@@ -81,7 +81,7 @@ double symmetric_inner(const Mat<Scalar>& a, const Mat<Scalar>& b) {
 // until the end.
 template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
-                 Mat<Scalar>& out, ShardPair* shards) {
+                 Mat<Scalar>& out, ShardPair* shards, bool with_output) {
   const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols();
   cache.hidden_pre.resize(tokens, hidden);  // (T, 4d) x W_1
   cache.hidden.resize(tokens, hidden);      // gelu(x W_1)
@@ -90,15 +90,17 @@ void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCach
     auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
     pre.noalias() = x * w.w_1.middleCols(units.begin, units.size());
     gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size()));
+    if (!with_output) return;
     cache.partial[shard].noalias() =
         cache.hidden.middleCols(units.begin, units.size()) * w.w_2.middleRows(units.begin, units.size());
   });
-  out = cache.partial[0] + cache.partial[1];  // (T, d)
+  if (with_output) out = cache.partial[0] + cache.partial[1];  // (T, d)
 }
 
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
-                  const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads, ShardPair* shards) {
+                  const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads, ShardPair* shards,
+                  std::vector<double>* output_dots) {
   const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols(), rows = d_out.rows();
   const Eigen::Index probes = rows / tokens;
   cache.d_hidden.resize(rows, hidden);
@@ -111,6 +113,16 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
     d_hidden.noalias() = d_out * w.w_2.middleRows(units.begin, units.size()).transpose();  // (K*T, n)
     gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, cache.slope[shard]);
     cache.partial[shard].noalias() = d_pre * w.w_1.middleCols(units.begin, units.size()).transpose();
+    if (output_dots) {  // <d_out, H W_2> = <d_out W_2^T, H> over this shard's units
+      auto& dots = cache.output_dot_partial[shard];
+      dots.assign(probes, 0.0);
+      const auto hidden = cache.hidden.middleCols(units.begin, units.size());
+      for (Eigen::Index k = 0; k < probes; ++k) {
+        dots[k] = (d_hidden.middleRows(k * tokens, tokens).template cast<double>().array() *
+                   hidden.template cast<double>().array())
+                      .sum();
+      }
+    }
     auto& squares = cache.param_grad_partial[shard];
     squares.assign(probes, 0.0);
     if (!param_grads) return;
@@ -133,6 +145,11 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
     param_grads->assign(probes, 0.0);
     for (Eigen::Index k = 0; k < probes; ++k)
       (*param_grads)[k] = cache.param_grad_partial[0][k] + cache.param_grad_partial[1][k];
+  }
+  if (output_dots) {
+    output_dots->assign(probes, 0.0);
+    for (Eigen::Index k = 0; k < probes; ++k)
+      (*output_dots)[k] = cache.output_dot_partial[0][k] + cache.output_dot_partial[1][k];
   }
 }
 
@@ -168,9 +185,10 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
   template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                     \
   template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);                \
   template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&,  \
-                                    Mat<Scalar>&, ShardPair*);                                              \
+                                    Mat<Scalar>&, ShardPair*, bool);                                        \
   template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&, \
-                                     const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*);      \
+                                     const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*,       \
+                                     std::vector<double>*);                                                 \
   template void lower_gram<Scalar>(const Eigen::Ref<const Mat<Scalar>>&, Mat<Scalar>&);                     \
   template double symmetric_inner<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&);                          \
   template void ffn_jvp<Scalar>(const SublayerWeights<Scalar>&, FfnCache<Scalar>&, const Mat<Scalar>&,      \
