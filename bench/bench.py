@@ -24,13 +24,26 @@ import time
 
 
 def forward_backward_flops(blocks, width=256, seq=64):
-    """GEMM FLOPs of one analysis: forward, recomputed forward and the input-gradient backward."""
+    """Matrix-product FLOPs gradflow executes for keel (one probe): the forward pass, the backward
+    pass's recompute (which for post-norm placements stops before the W_O and W_2 products), the
+    input-gradient backward, and the parameter-gradient Gram matrices (symmetric: T(T+1) n FLOPs
+    for T x n rows, each Gram counted once although both shards form the shared ones)."""
     d, t, hidden = width, seq, 4 * width
-    attention = 4 * 2 * t * d * d + 2 * 2 * t * t * d   # projections + scores and context
-    ffn = 2 * 2 * t * d * hidden
-    forward = attention + ffn
-    backward = 4 * 2 * t * d * d + 4 * 2 * t * t * d + ffn  # dX through every matrix + attention core
-    return blocks * (2 * forward + backward)
+    attention_core = 2 * 2 * t * t * d  # scores and context
+    forward = 4 * 2 * t * d * d + attention_core + 2 * 2 * t * d * hidden
+    recompute = 3 * 2 * t * d * d + attention_core + 2 * t * d * hidden
+    backward = 4 * 2 * t * d * d + 4 * 2 * t * t * d + 2 * 2 * t * d * hidden  # dX through every matrix
+    gram = t * (t + 1)  # FLOPs per column of a symmetric T x T Gram matrix
+    grams = gram * (d + d + d + 3 * d) + gram * (d + hidden + d + hidden)  # attention: C, x, dY, dQ/dK/dV; FFN
+    return blocks * (forward + recompute + backward + grams)
+
+
+def torch_flops(blocks, width=256, seq=64):
+    """The PyTorch script's GEMM FLOPs: one forward pass kept for autograd, then its backward."""
+    d, t, hidden = width, seq, 4 * width
+    forward = 4 * 2 * t * d * d + 2 * 2 * t * t * d + 2 * 2 * t * d * hidden
+    backward = 4 * 2 * t * d * d + 4 * 2 * t * t * d + 2 * 2 * t * d * hidden
+    return blocks * (forward + backward)
 
 
 def run_measured(command, env=None):
@@ -146,7 +159,7 @@ def main():
         for threads in (2,):
             seconds, rss, out = run_measured([sys.executable, "-c", TORCH_SCRIPT, str(args.torch_depth), str(threads)])
             row = {"tool": "pytorch", "depth": args.torch_depth, "threads": threads, "seconds": seconds,
-                   "peak_rss_mb": rss, "gflops": forward_backward_flops(args.torch_depth) / 1.5 / seconds / 1e9}
+                   "peak_rss_mb": rss, "gflops": torch_flops(args.torch_depth) / seconds / 1e9}
             results["runs"].append(row)
             print(f"pytorch  depth {args.torch_depth:5d} threads {threads}: {seconds:7.2f} s, {rss:7.0f} MB", file=sys.stderr)
         results["speedup_vs_pytorch"] = results["runs"][-1]["seconds"] / two["seconds"]
@@ -164,8 +177,9 @@ def main():
         loop = f"{r['main_loop_seconds']:.2f} | {100 * r['main_loop_roofline_fraction']:.0f}" if "main_loop_seconds" in r else "- | -"
         print(f"| {r['tool']} | {r['depth']} | {r['threads']} | {r['seconds']:.2f} | {spread} | {r['peak_rss_mb']:.0f} | "
               f"{r['gflops']:.1f} | {fraction} | {loop} |")
-    print("\nGFLOP/s count the GEMMs of the forward pass, the recomputed forward pass and the input-gradient "
-          "backward; the main loop is the per-sublayer forward and backward loops as gradflow times them "
+    print("\nGFLOP/s count the matrix products gradflow executes: the forward pass, the backward pass's recompute "
+          "(up to the branch's hidden activations), the input-gradient backward and the parameter-gradient Gram "
+          "matrices; the main loop is the per-sublayer forward and backward loops as gradflow times them "
           "(without the representation figures, start-up and output).")
     print(f"GEMM roofline (Eigen float32 2048^3): {roofline[1]:.0f} GFLOP/s (1 thread), {roofline[2]:.0f} (2 threads); "
           f"at the sublayer's shape 64x256x1024, 1 thread: {measured['sublayer_shape_1thread']:.0f}")
