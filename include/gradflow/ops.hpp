@@ -59,12 +59,9 @@ struct SublayerWeights {
 using ParamGradSquares = std::vector<double>;
 
 // ||X^T dY||_F^2 for dW = X^T dY without forming dW: <X X^T, dY dY^T>_F, with (T, T) Gram
-// matrices, 4-16x fewer FLOPs than the product at T = 64. input_gram = X X^T, precomputed once
-// per input (W_Q, W_K and W_V share theirs); d_output holds one probe's (T, n) rows.
-template <typename Scalar>
-double weight_grad_squared_norm(const Mat<Scalar>& input_gram, const Eigen::Ref<const Mat<Scalar>>& d_output);
-// The same identity at half the cost, as the ops use it: gram = the lower triangle of rows rows^T
-// (a symmetric rank-k update), and <A, B>_F of two symmetric matrices from their lower triangles.
+// matrices, 4-16x fewer FLOPs than the product at T = 64. lower_gram forms the lower triangle of
+// rows rows^T (a symmetric rank-k update, half a GEMM); symmetric_inner is <A, B>_F of two
+// symmetric matrices from their lower triangles. W_Q, W_K and W_V share their input's Gram.
 template <typename Scalar>
 void lower_gram(const Eigen::Ref<const Mat<Scalar>>& rows, Mat<Scalar>& gram);
 template <typename Scalar>

@@ -54,13 +54,6 @@ void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx)
 }
 
 template <typename Scalar>
-double weight_grad_squared_norm(const Mat<Scalar>& input_gram,
-                                const Eigen::Ref<const Mat<Scalar>>& d_output) {
-  const Mat<Scalar> output_gram = d_output * d_output.transpose();  // (T, T)
-  return (input_gram.template cast<double>().array() * output_gram.template cast<double>().array()).sum();
-}
-
-template <typename Scalar>
 void lower_gram(const Eigen::Ref<const Mat<Scalar>>& rows, Mat<Scalar>& gram) {
   gram.setZero(rows.rows(), rows.rows());
   gram.template selfadjointView<Eigen::Lower>().rankUpdate(rows);
@@ -180,8 +173,6 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
 }
 
 #define GRADFLOW_INSTANTIATE_FFN(Scalar)                                                                    \
-  template double weight_grad_squared_norm<Scalar>(const Mat<Scalar>&,                                      \
-                                                   const Eigen::Ref<const Mat<Scalar>>&);                   \
   template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                     \
   template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);                \
   template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&,  \
