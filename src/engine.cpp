@@ -800,7 +800,7 @@ class Analysis {
   const Architecture& arch_;
   const Constants& constants_;
   const std::uint64_t seed_;
-  const ProgressCallback& progress_;
+  const ProgressCallback progress_;  // a copy: callers may pass a temporary
   const int sublayers_;
   std::vector<double> skip_weights_;
 
