@@ -55,12 +55,14 @@ double lane_sum(Eigen::Index count, Term&& term) {
 }
 template <typename Scalar>
 double squared_norm(const Scalar* data, Eigen::Index count) {
-  return lane_sum(count, [data](Eigen::Index i) { return static_cast<double>(data[i]) * static_cast<double>(data[i]); });
+  return lane_sum(
+      count, [data](Eigen::Index i) { return static_cast<double>(data[i]) * static_cast<double>(data[i]); });
 }
 // sum_i a_i b_i and sum_i (a_i - b_i)^2 in double (the difference in Scalar).
 template <typename Scalar>
 double dot(const Scalar* a, const Scalar* b, Eigen::Index count) {
-  return lane_sum(count, [a, b](Eigen::Index i) { return static_cast<double>(a[i]) * static_cast<double>(b[i]); });
+  return lane_sum(count,
+                  [a, b](Eigen::Index i) { return static_cast<double>(a[i]) * static_cast<double>(b[i]); });
 }
 template <typename Scalar>
 double squared_distance(const Scalar* a, const Scalar* b, Eigen::Index count) {
@@ -167,7 +169,8 @@ class Analysis {
   }
 
   BranchContext<Scalar> branch_context(const SublayerContext& ctx) const {
-    return BranchContext<Scalar>{ctx.kind, config_.branch, config_.norm, config_.heads, nullptr, shards_.get()};
+    return BranchContext<Scalar>{ctx.kind,      config_.branch, config_.norm,
+                                 config_.heads, nullptr,        shards_.get()};
   }
 
   // Builds sublayer l's graph with its weights in weight_buffers_[l % 2], and starts drawing
@@ -351,7 +354,8 @@ class Analysis {
   // arXiv 2403.03853).
   void record_angle(int l) {
     const std::size_t streams = std::min(states_[l].size(), states_[l + 1].size());
-    record_angle(l, unit_rows(token_rows(states_[l], streams)), unit_rows(token_rows(states_[l + 1], streams)));
+    record_angle(l, unit_rows(token_rows(states_[l], streams)),
+                 unit_rows(token_rows(states_[l + 1], streams)));
   }
   void record_angle(int l, const Eigen::MatrixXd& before, const Eigen::MatrixXd& after) {
     result_.sublayers.at("angle")[l] = mean_angular_distance(before, after);
@@ -470,7 +474,8 @@ class Analysis {
       if (config_.recompute_in_full || arch_.additive_stream) {  // additive: stream_decomposition needs F
         executor_.forward(graph_, states_[l], branch);
       } else {
-        executor_.recompute(graph_, states_[l], branch, KnownOutputs<Scalar>{&states_[l + 1], &output_norm_stats_[l]});
+        executor_.recompute(graph_, states_[l], branch,
+                            KnownOutputs<Scalar>{&states_[l + 1], &output_norm_stats_[l]});
       }
       executor_.backward(graph_, gradient_, false, branch, skip_part_);
       executor_.backward(graph_, gradient_, true, branch, previous_,
@@ -530,9 +535,7 @@ class Analysis {
     return branch;
   }
 
-  Eigen::Index entries_per_stream() const {
-    return static_cast<Eigen::Index>(config_.seq) * config_.width;
-  }
+  Eigen::Index entries_per_stream() const { return static_cast<Eigen::Index>(config_.seq) * config_.width; }
 
   Eigen::MatrixXd flatten(const State<Scalar>& block, Eigen::Index columns) const {
     const Eigen::Index per = entries_per_stream();
@@ -714,7 +717,8 @@ class Analysis {
     }
     if (arch_.additive_stream) {
       const Mat<Scalar>& top = states_[sublayers_].front();
-      result_.sublayers.at("stream_decomposition")[l] = dot(update.data(), top.data(), top.size()) / squared_norm(top);
+      result_.sublayers.at("stream_decomposition")[l] =
+          dot(update.data(), top.data(), top.size()) / squared_norm(top);
     }
   }
 

@@ -104,20 +104,22 @@ void GraphExecutor<Scalar>::forward(const SublayerGraph& graph, const std::vecto
 
 template <typename Scalar>
 void GraphExecutor<Scalar>::recompute(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
-                                      const BranchContext<Scalar>& context, const KnownOutputs<Scalar>& known) {
+                                      const BranchContext<Scalar>& context,
+                                      const KnownOutputs<Scalar>& known) {
   const bool skip = context.branch == BranchKind::model && known.values != nullptr &&
                     known.norm_stats != nullptr && recompute_can_skip_branch_output(graph);
   run_forward(graph, inputs, context, skip ? &known : nullptr);
 }
 
 template <typename Scalar>
-void GraphExecutor<Scalar>::output_norm_stats(const SublayerGraph& graph, std::vector<Mat<Scalar>>& stats) const {
+void GraphExecutor<Scalar>::output_norm_stats(const SublayerGraph& graph,
+                                              std::vector<Mat<Scalar>>& stats) const {
   stats.resize(graph.outputs().size());
   for (std::size_t i = 0; i < graph.outputs().size(); ++i) {
     const int id = graph.outputs()[i];
-    const bool norm = id >= graph.input_count() &&
-                      (graph.nodes()[id - graph.input_count()].op == NodeOp::norm ||
-                       graph.nodes()[id - graph.input_count()].op == NodeOp::unit);
+    const bool norm =
+        id >= graph.input_count() && (graph.nodes()[id - graph.input_count()].op == NodeOp::norm ||
+                                      graph.nodes()[id - graph.input_count()].op == NodeOp::unit);
     if (norm) {
       stats[i] = norm_stats_[id];
     } else {
@@ -128,7 +130,8 @@ void GraphExecutor<Scalar>::output_norm_stats(const SublayerGraph& graph, std::v
 
 template <typename Scalar>
 void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
-                                        const BranchContext<Scalar>& context, const KnownOutputs<Scalar>* known) {
+                                        const BranchContext<Scalar>& context,
+                                        const KnownOutputs<Scalar>* known) {
   const int count = graph.value_count();
   if (static_cast<int>(values_.size()) < count) {
     values_.resize(count);
@@ -154,7 +157,8 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
         }
       } else if (node.op == NodeOp::norm || node.op == NodeOp::unit) {  // an output: known
         const auto& outputs = graph.outputs();
-        const auto index = static_cast<std::size_t>(std::find(outputs.begin(), outputs.end(), id) - outputs.begin());
+        const auto index =
+            static_cast<std::size_t>(std::find(outputs.begin(), outputs.end(), id) - outputs.begin());
         out = (*known->values)[index];
         norm_stats_[id] = (*known->norm_stats)[index];
       }

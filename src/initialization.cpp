@@ -37,9 +37,9 @@ void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arc
     const double gain = arch.init_gain ? arch.init_gain(ctx, which) : 1.0;
     const double stddev = base_stddev(config, which, rows, cols) * gain;
     const auto size = static_cast<std::size_t>(m.size());
-    matrices_[matrix_count_++] = {m.data(),
-                                  stream_key(seed, RandomUse::weight, ctx.sublayer, static_cast<std::uint64_t>(which)),
-                                  static_cast<Scalar>(stddev), size, total_chunks_};
+    matrices_[matrix_count_++] = {
+        m.data(), stream_key(seed, RandomUse::weight, ctx.sublayer, static_cast<std::uint64_t>(which)),
+        static_cast<Scalar>(stddev), size, total_chunks_};
     total_chunks_ += static_cast<int>((size + kNormalChunk - 1) / kNormalChunk);
   };
   const Eigen::Index d = config.width, hidden = config.ffn_hidden();
@@ -82,7 +82,8 @@ template <typename Scalar>
 void nudge_weights(const ModelConfig& config, const SublayerContext& ctx, SublayerWeights<Scalar>& weights) {
   if (!config.weight_nudge || config.weight_nudge->sublayer != ctx.sublayer) return;  // test-only hook
   const auto& nudge = *config.weight_nudge;
-  Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2};
+  Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v,
+                             &weights.w_o, &weights.w_1, &weights.w_2};
   matrices[nudge.matrix]->data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
 }
 

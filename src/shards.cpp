@@ -26,7 +26,9 @@ ShardPair::~ShardPair() {
   worker_.join();
 }
 
-void ShardPair::set_idle_work(IdleWork* work) { idle_.store(work); }
+void ShardPair::set_idle_work(IdleWork* work) {
+  idle_.store(work);
+}
 
 // Dekker-style handshake (sequentially consistent): once idle_ is null and no step of the second
 // core is in flight, no later step can see the old work.

@@ -67,7 +67,7 @@ struct SeedResult {
   // --angles all: (S+1) x (S+1) mean-over-tokens angular distance / pi between states; else empty.
   std::vector<std::vector<double>> angles_matrix;
   std::optional<Divergence> diverged;
-  double seconds = 0.0;  // wall time of this seed, and of its phases:
+  double seconds = 0.0;                 // wall time of this seed, and of its phases:
   double forward_seconds = 0.0;         // the forward loop over sublayers (weights drawn, states stored)
   double representation_seconds = 0.0;  // token_cos, erank and angle from the stored states
   double backward_seconds = 0.0;        // the backward loop (recompute, VJPs, gains)

@@ -26,8 +26,8 @@ void generate_weights(const ModelConfig& config, const Architecture& arch, const
 template <typename Scalar>
 class WeightDraw final : public IdleWork {
  public:
-  void plan(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx, std::uint64_t seed,
-            SublayerWeights<Scalar>& weights);
+  void plan(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx,
+            std::uint64_t seed, SublayerWeights<Scalar>& weights);
   bool step() override;  // draws one unclaimed chunk; false when none is left
   void finish();         // draws what is left, then waits for the chunks other threads claimed
 

@@ -71,6 +71,28 @@ double symmetric_inner(const Mat<Scalar>& a, const Mat<Scalar>& b);
 // (shards.hpp); shard boundaries over features fall on multiples of this many columns.
 inline constexpr long long kShardGranule = 16;
 
+// Each shard's partial sums of one op (its share of the output or dx, of the parameter-gradient
+// squares and of <d_out, out>), combined in the fixed order shard 0 + shard 1.
+template <typename Scalar>
+struct ShardPartials {
+  Mat<Scalar> output[2];
+  std::vector<double> param_grads[2], output_dots[2];
+
+  // dx += output[0] + output[1]; the requested per-probe sums likewise.
+  void add_into(Mat<Scalar>& dx, Eigen::Index probes, std::vector<double>* param_grad_sums,
+                std::vector<double>* output_dot_sums) const {
+    dx += output[0];
+    dx += output[1];
+    const auto combine = [probes](const std::vector<double>(&parts)[2], std::vector<double>* sums) {
+      if (!sums) return;
+      sums->assign(probes, 0.0);
+      for (Eigen::Index k = 0; k < probes; ++k) (*sums)[k] = parts[0][k] + parts[1][k];
+    };
+    combine(param_grads, param_grad_sums);
+    combine(output_dots, output_dot_sums);
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Causal multi-head attention (Vaswani et al. 2017, arXiv 1706.03762, Eq. 1):
 //   out = concat_h softmax(mask(Q_h K_h^T * score_scale)) V_h  W_O,   Q = x W_Q, K = x W_K, V = x W_V,
@@ -97,11 +119,9 @@ struct AttentionCache {             // what the forward saves for the backward, 
   Mat<Scalar> d_context, d_q, d_k, d_v, d_raw;  // (K*T, d) scratch
   Mat<Scalar> d_q_raw, d_k_raw, d_v_raw;        // (K*T, d) scratch of the normalised projections
   Mat<Scalar> d_probs[2], d_scores[2];          // (T, T) scratch, one per shard
-  Mat<Scalar> partial[2];                       // each shard's partial sum of the output or dx
   Mat<Scalar> grams[2][2];                      // each shard's (T, T) Gram scratch
   Vec<Scalar> row_dot[2];                       // each shard's softmax-backward row sums
-  ParamGradSquares param_grad_partial[2];
-  std::vector<double> output_dot_partial[2];
+  ShardPartials<Scalar> partials;
 };
 // with_output = false stops before the output projection (out is left untouched): the backward
 // needs only the cached activations, and then output_dots gives <d_out_k, out> per probe.
@@ -126,14 +146,12 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
 // Feed-forward: out = gelu(x W_1) W_2, hidden 4d, no biases (Vaswani et al. 2017, Eq. 2).
 template <typename Scalar>
 struct FfnCache {
-  Mat<Scalar> hidden_pre;              // (T, 4d) x W_1
-  Mat<Scalar> hidden;                  // (T, 4d) gelu(x W_1)
-  Mat<Scalar> d_hidden, d_hidden_pre;  // (K*T, 4d) scratch
-  Mat<Scalar> partial[2];              // each shard's partial sum of the output or dx
-  Mat<Scalar> grams[2][3];             // each shard's (T, T) Gram scratch
+  Mat<Scalar> hidden_pre;                            // (T, 4d) x W_1
+  Mat<Scalar> hidden;                                // (T, 4d) gelu(x W_1)
+  Mat<Scalar> d_hidden, d_hidden_pre;                // (K*T, 4d) scratch
+  Mat<Scalar> grams[2][3];                           // each shard's (T, T) Gram scratch
   Eigen::Array<Scalar, 1, Eigen::Dynamic> slope[2];  // each shard's row of GELU slopes
-  ParamGradSquares param_grad_partial[2];
-  std::vector<double> output_dot_partial[2];
+  ShardPartials<Scalar> partials;
 };
 // with_output and output_dots as for attention: <d_out_k, out> = <d_out_k W_2^T, gelu(x W_1)>.
 template <typename Scalar>

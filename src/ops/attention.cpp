@@ -48,7 +48,9 @@ const Mat<Scalar>& projection_backward(const AttentionOptions& options, bool is_
 
 // Shard s owns heads [begin, end): their columns of W_Q, W_K, W_V and rows of W_O (Megatron-LM's
 // split, arXiv 1909.08053 Sec. 3); with one head, shard 0 is empty.
-inline ShardRange head_range(int heads, int shard) { return shard_range(heads, shard); }
+inline ShardRange head_range(int heads, int shard) {
+  return shard_range(heads, shard);
+}
 
 template <typename Scalar>
 void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
@@ -91,9 +93,10 @@ void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     }
     if (!with_output) return;
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
-    cache.partial[shard].noalias() = cache.context.middleCols(begin, size) * w.w_o.middleRows(begin, size);
+    cache.partials.output[shard].noalias() =
+        cache.context.middleCols(begin, size) * w.w_o.middleRows(begin, size);
   });
-  if (with_output) out = cache.partial[0] + cache.partial[1];  // (T, d)
+  if (with_output) out = cache.partials.output[0] + cache.partials.output[1];  // (T, d)
 }
 
 template <typename Scalar>
@@ -110,17 +113,17 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     Mat<Scalar>& output_gram = cache.grams[shard][1];
     for (Eigen::Index k = 0; k < probes; ++k) {
       lower_gram<Scalar>(d_output.middleRows(k * tokens, tokens), output_gram);
-      cache.param_grad_partial[shard][k] += symmetric_inner(input_gram, output_gram);
+      cache.partials.param_grads[shard][k] += symmetric_inner(input_gram, output_gram);
     }
   };
   // Phase 1: back through this shard's rows of W_O and its heads.
   run_shards(shards, [&](int shard) {
     const ShardRange heads = head_range(options.heads, shard);
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
-    cache.param_grad_partial[shard].assign(probes, 0.0);
+    cache.partials.param_grads[shard].assign(probes, 0.0);
     cache.d_context.middleCols(begin, size).noalias() = d_out * w.w_o.middleRows(begin, size).transpose();
     if (output_dots) {  // <d_out, C W_O> = <d_out W_O^T, C> over this shard's heads
-      auto& dots = cache.output_dot_partial[shard];
+      auto& dots = cache.partials.output_dots[shard];
       dots.assign(probes, 0.0);
       const auto context = cache.context.middleCols(begin, size);
       for (Eigen::Index k = 0; k < probes; ++k) {
@@ -160,7 +163,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
   run_shards(shards, [&](int shard) {
     const ShardRange heads = head_range(options.heads, shard);
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
-    Mat<Scalar>& partial = cache.partial[shard];
+    Mat<Scalar>& partial = cache.partials.output[shard];
     partial.noalias() = d_q_raw.middleCols(begin, size) * w.w_q.middleCols(begin, size).transpose();
     partial.noalias() += d_k_raw.middleCols(begin, size) * w.w_k.middleCols(begin, size).transpose();
     partial.noalias() += d_v_raw.middleCols(begin, size) * w.w_v.middleCols(begin, size).transpose();
@@ -171,18 +174,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     add_param_grads(shard, x_gram, d_k_raw.middleCols(begin, size));
     add_param_grads(shard, x_gram, d_v_raw.middleCols(begin, size));
   });
-  dx += cache.partial[0];
-  dx += cache.partial[1];
-  if (param_grads) {
-    param_grads->assign(probes, 0.0);
-    for (Eigen::Index k = 0; k < probes; ++k)
-      (*param_grads)[k] = cache.param_grad_partial[0][k] + cache.param_grad_partial[1][k];
-  }
-  if (output_dots) {
-    output_dots->assign(probes, 0.0);
-    for (Eigen::Index k = 0; k < probes; ++k)
-      (*output_dots)[k] = cache.output_dot_partial[0][k] + cache.output_dot_partial[1][k];
-  }
+  cache.partials.add_into(dx, probes, param_grads, output_dots);
 }
 
 template <typename Scalar>
@@ -221,10 +213,9 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
   template void attention_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,               \
                                           const AttentionOptions&, AttentionCache<Scalar>&, Mat<Scalar>&,   \
                                           ShardPair*, bool);                                                \
-  template void attention_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,              \
-                                           const AttentionOptions&, AttentionCache<Scalar>&,                \
-                                           const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*,  \
-                                           std::vector<double>*);                                            \
+  template void attention_backward<Scalar>(                                                                 \
+      const Mat<Scalar>&, const SublayerWeights<Scalar>&, const AttentionOptions&, AttentionCache<Scalar>&, \
+      const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*, std::vector<double>*);               \
   template void attention_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                   \
                                       const AttentionOptions&, AttentionCache<Scalar>&, const Mat<Scalar>&, \
                                       Mat<Scalar>&);

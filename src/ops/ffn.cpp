@@ -30,7 +30,8 @@ void gelu_backward_rows(const In& x, const DOut& dy, DIn&& dx, Eigen::Array<Scal
   slope.resize(x.cols());
   for (Eigen::Index r = 0; r < tokens; ++r) {
     const auto in = x.row(r).array();
-    slope = Scalar(0.5) * (Scalar(1) + (in * inv_sqrt2).erf()) + in * inv_sqrt_2pi * (Scalar(-0.5) * in.square()).exp();
+    slope = Scalar(0.5) * (Scalar(1) + (in * inv_sqrt2).erf()) +
+            in * inv_sqrt_2pi * (Scalar(-0.5) * in.square()).exp();
     for (Eigen::Index row = r; row < dy.rows(); row += tokens) {
       if (accumulate) {
         dx.row(row).array() += dy.row(row).array() * slope;
@@ -84,10 +85,10 @@ void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCach
     pre.noalias() = x * w.w_1.middleCols(units.begin, units.size());
     gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size()));
     if (!with_output) return;
-    cache.partial[shard].noalias() =
+    cache.partials.output[shard].noalias() =
         cache.hidden.middleCols(units.begin, units.size()) * w.w_2.middleRows(units.begin, units.size());
   });
-  if (with_output) out = cache.partial[0] + cache.partial[1];  // (T, d)
+  if (with_output) out = cache.partials.output[0] + cache.partials.output[1];  // (T, d)
 }
 
 template <typename Scalar>
@@ -105,9 +106,9 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
     auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size());
     d_hidden.noalias() = d_out * w.w_2.middleRows(units.begin, units.size()).transpose();  // (K*T, n)
     gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, cache.slope[shard]);
-    cache.partial[shard].noalias() = d_pre * w.w_1.middleCols(units.begin, units.size()).transpose();
+    cache.partials.output[shard].noalias() = d_pre * w.w_1.middleCols(units.begin, units.size()).transpose();
     if (output_dots) {  // <d_out, H W_2> = <d_out W_2^T, H> over this shard's units
-      auto& dots = cache.output_dot_partial[shard];
+      auto& dots = cache.partials.output_dots[shard];
       dots.assign(probes, 0.0);
       const auto hidden = cache.hidden.middleCols(units.begin, units.size());
       for (Eigen::Index k = 0; k < probes; ++k) {
@@ -116,7 +117,7 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
                       .sum();
       }
     }
-    auto& squares = cache.param_grad_partial[shard];
+    auto& squares = cache.partials.param_grads[shard];
     squares.assign(probes, 0.0);
     if (!param_grads) return;
     // ||dW_2||^2 = <H H^T, dY dY^T> and ||dW_1||^2 = <X X^T, dH dH^T>, each over this shard's units.
@@ -132,18 +133,7 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
       squares[k] += symmetric_inner(x_gram, output_gram);
     }
   });
-  dx += cache.partial[0];
-  dx += cache.partial[1];
-  if (param_grads) {
-    param_grads->assign(probes, 0.0);
-    for (Eigen::Index k = 0; k < probes; ++k)
-      (*param_grads)[k] = cache.param_grad_partial[0][k] + cache.param_grad_partial[1][k];
-  }
-  if (output_dots) {
-    output_dots->assign(probes, 0.0);
-    for (Eigen::Index k = 0; k < probes; ++k)
-      (*output_dots)[k] = cache.output_dot_partial[0][k] + cache.output_dot_partial[1][k];
-  }
+  cache.partials.add_into(dx, probes, param_grads, output_dots);
 }
 
 template <typename Scalar>

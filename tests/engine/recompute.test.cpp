@@ -13,7 +13,9 @@ using namespace gradflow;
 
 namespace {
 // Figures that may differ by rounding: the output shares and what is derived from them.
-bool from_output_shares(const std::string& name) { return name.rfind("output_share", 0) == 0; }
+bool from_output_shares(const std::string& name) {
+  return name.rfind("output_share", 0) == 0;
+}
 
 double worst_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0;
@@ -58,7 +60,8 @@ TEST_CASE("skipping the branch output in the recompute changes no figure but the
         }
       }
       if (!std::isnan(full.effective_depth)) {  // null for rezero: no sublayer contributes
-        CHECK(std::abs(skipped.effective_depth - full.effective_depth) <= 1e-9 * std::abs(full.effective_depth));
+        CHECK(std::abs(skipped.effective_depth - full.effective_depth) <=
+              1e-9 * std::abs(full.effective_depth));
       }
       CHECK(std::isnan(skipped.effective_depth) == std::isnan(full.effective_depth));
       if (!arch.additive_stream) {
@@ -84,8 +87,8 @@ TEST_CASE("which sublayer graphs may skip the branch output") {
     arch.build_sublayer(graph, SublayerContext{config, constants, 3, 1, SublayerKind::ffn});
     return recompute_can_skip_branch_output(graph);
   };
-  CHECK(build("post-ln"));   // x <- N(x + F(x)): the output norm's value and statistics are known
-  CHECK(build("keel"));      // x <- N(a x + F(N(x)))
+  CHECK(build("post-ln"));  // x <- N(x + F(x)): the output norm's value and statistics are known
+  CHECK(build("keel"));     // x <- N(a x + F(N(x)))
   CHECK(build("deepnorm"));
   CHECK_FALSE(build("peri-ln"));  // x <- x + N(F(N(x))): the inner norm needs F's value
   CHECK_FALSE(build("ngpt"));     // the update is not F or s F

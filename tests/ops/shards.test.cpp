@@ -81,7 +81,8 @@ TEST_CASE("ffn and attention give the same bits on two cores as on one") {
     CHECK(squares_one == squares_two);
   }
   SUBCASE("attention") {
-    for (const QkvNorm norm : {QkvNorm::none, QkvNorm::per_head_qkv, QkvNorm::full_qk, QkvNorm::per_head_qk_unit}) {
+    for (const QkvNorm norm :
+         {QkvNorm::none, QkvNorm::per_head_qkv, QkvNorm::full_qk, QkvNorm::per_head_qk_unit}) {
       for (const int heads : {1, 4, 8}) {
         CAPTURE(static_cast<int>(norm));
         CAPTURE(heads);
@@ -110,7 +111,8 @@ TEST_CASE("the Gram identity: ||X^T dY||_F^2 from lower triangles") {
   MatD x_gram, dy_gram;
   lower_gram<double>(x, x_gram);
   lower_gram<double>(dy, dy_gram);
-  CHECK(symmetric_inner(x_gram, dy_gram) == doctest::Approx((x.transpose() * dy).squaredNorm()).epsilon(1e-12));
+  CHECK(symmetric_inner(x_gram, dy_gram) ==
+        doctest::Approx((x.transpose() * dy).squaredNorm()).epsilon(1e-12));
 }
 
 TEST_CASE("fill_normal_range pieces equal one fill_normal") {
@@ -142,9 +144,9 @@ TEST_CASE("weights drawn by two threads as idle work equal weights drawn in one 
     shards.run([](int) {});  // the second core draws chunks while it waits
     draw.finish();
     shards.clear_idle_work();
-    for (const auto member : {&SublayerWeights<float>::w_q, &SublayerWeights<float>::w_k,
-                              &SublayerWeights<float>::w_v, &SublayerWeights<float>::w_o,
-                              &SublayerWeights<float>::w_1, &SublayerWeights<float>::w_2}) {
+    for (const auto member :
+         {&SublayerWeights<float>::w_q, &SublayerWeights<float>::w_k, &SublayerWeights<float>::w_v,
+          &SublayerWeights<float>::w_o, &SublayerWeights<float>::w_1, &SublayerWeights<float>::w_2}) {
       CHECK(same_bits(expected.*member, drawn.*member));
     }
   }
