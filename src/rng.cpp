@@ -2,9 +2,14 @@
 #include "gradflow/rng.hpp"
 
 #include <Eigen/Core>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <algorithm>
+#include <limits>
 #include <numbers>
 #include <stdexcept>
+#include <type_traits>
 
 namespace gradflow {
 
@@ -12,8 +17,6 @@ namespace {
 constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // 2^64 / phi, SplitMix64's increment
 constexpr std::size_t kChunkPairs = 512;                  // pairs generated per vectorised chunk
 constexpr float kTwoToMinus24 = 1.0f / 16777216.0f;
-
-using ChunkArray = Eigen::Array<float, kChunkPairs, 1>;
 
 // sin and cos of 2 pi u for u in [0, 1): the quadrant from 4u, then Taylor polynomials on
 // [0, pi/2) whose truncation errors (< 6e-8 and 7e-9) are below float's resolution. Branch-free,
@@ -42,39 +45,104 @@ inline TurnSinCos sin_cos_of_turn(float u) {
   return {sin_sign * sin_abs, cos_sign * cos_abs};
 }
 
-// One chunk of 2 * kChunkPairs standard normals: Box-Muller on pairs [first_pair, first_pair +
-// kChunkPairs); cosines fill out[0, kChunkPairs), sines out[kChunkPairs, 2 kChunkPairs).
-void standard_normal_chunk(std::uint64_t key, std::uint64_t first_pair, float* out) {
-  ChunkArray u_radius, u_angle;
+// sqrt(-2 ln u) for u in (0, 1], as Eigen evaluates (-2 * u.log()).sqrt() on whole packets.
+#if defined(__AVX512F__)
+// Eigen 3.4's AVX-512 plog_float and fast-math psqrt<Packet16f> (GenericPacketMathFunctions.h,
+// AVX512/MathFunctions.h), step for step with the same fused multiply-adds, less their handling of
+// zero, negative, denormal and infinite arguments, which the Box-Muller radius never sees: u is
+// k 2^-24 with k in [1, 2^24]. So the result is bit-identical to Eigen's for every such u (the
+// tests check all 2^24) at about half the cost, and the draws did not change.
+inline __m512 radius_packet(__m512 u) {
+  // frexp: u = m 2^e with m in [0.5, 1), then m shifted to [sqrt(1/2), sqrt(2)) - 1 (Cephes logf).
+  const __m512i bits = _mm512_castps_si512(u);
+  __m512 e = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bits, 23)), _mm512_set1_ps(126.0f));
+  const __m512 m = _mm512_castsi512_ps(
+      _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi32(0x807fffff)), _mm512_set1_epi32(0x3f000000)));
+  const __mmask16 below = _mm512_cmp_ps_mask(m, _mm512_set1_ps(0.707106781186547524f), _CMP_LT_OQ);
+  __m512 x = _mm512_sub_ps(m, _mm512_set1_ps(1.0f));
+  e = _mm512_mask_sub_ps(e, below, e, _mm512_set1_ps(1.0f));
+  x = _mm512_mask_add_ps(x, below, x, m);
+  // ln(1 + x) by Cephes' degree-8 polynomial, in Eigen's three interleaved parts.
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  const __m512 x3 = _mm512_mul_ps(x2, x);
+  __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(7.0376836292E-2f), x, _mm512_set1_ps(-1.1514610310E-1f));
+  __m512 y1 = _mm512_fmadd_ps(_mm512_set1_ps(-1.2420140846E-1f), x, _mm512_set1_ps(+1.4249322787E-1f));
+  __m512 y2 = _mm512_fmadd_ps(_mm512_set1_ps(+2.0000714765E-1f), x, _mm512_set1_ps(-2.4999993993E-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.1676998740E-1f));
+  y1 = _mm512_fmadd_ps(y1, x, _mm512_set1_ps(-1.6668057665E-1f));
+  y2 = _mm512_fmadd_ps(y2, x, _mm512_set1_ps(+3.3333331174E-1f));
+  y = _mm512_fmadd_ps(y, x3, y1);
+  y = _mm512_fmadd_ps(y, x3, y2);
+  y = _mm512_mul_ps(y, x3);
+  y = _mm512_fmadd_ps(_mm512_set1_ps(-0.5f), x2, y);
+  x = _mm512_add_ps(x, y);
+  x = _mm512_fmadd_ps(e, _mm512_set1_ps(static_cast<float>(EIGEN_LN2)), x);
+  const __m512 v = _mm512_mul_ps(_mm512_set1_ps(-2.0f), x);
+  // sqrt(v): one Newton step on rsqrt14, and 0 for v = -0 (u = 1), as Eigen's fast-math psqrt.
+  const __m512 neg_half = _mm512_mul_ps(v, _mm512_set1_ps(-0.5f));
+  const __mmask16 tiny =
+      _mm512_kand(_mm512_cmp_ps_mask(v, _mm512_set1_ps(std::numeric_limits<float>::min()), _CMP_LT_OQ),
+                  _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GE_OQ));
+  __m512 r = _mm512_rsqrt14_ps(v);
+  r = _mm512_mul_ps(r, _mm512_fmadd_ps(neg_half, _mm512_mul_ps(r, r), _mm512_set1_ps(1.5f)));
+  return _mm512_mask_blend_ps(tiny, _mm512_mul_ps(v, r), _mm512_setzero_ps());
+}
+#endif
+
+// One chunk of 2 * kChunkPairs standard normals, times `scale`: Box-Muller on pairs [first_pair,
+// first_pair + kChunkPairs); cosines fill out[0, kChunkPairs), sines out[kChunkPairs, 2 kChunkPairs).
+void standard_normal_chunk(std::uint64_t key, std::uint64_t first_pair, float scale, float* out) {
+  alignas(64) float u_radius[kChunkPairs], u_angle[kChunkPairs], radius[kChunkPairs];
   for (std::size_t j = 0; j < kChunkPairs; ++j) {
     const std::uint64_t bits = mix64(key + (first_pair + j + 1) * kGolden);
-    // 24-bit uniforms: radius draw in (0, 1] (log never sees 0), angle draw in [0, 1).
-    u_radius[j] = static_cast<float>((bits >> 40) + 1) * kTwoToMinus24;
-    u_angle[j] = static_cast<float>((bits >> 8) & 0xFFFFFFu) * kTwoToMinus24;
+    // 24-bit uniforms: radius draw in (0, 1] (log never sees 0), angle draw in [0, 1). Both are
+    // exact in 32 bits, which converts to float in one instruction per 16 lanes.
+    u_radius[j] = static_cast<float>(static_cast<std::uint32_t>(bits >> 40) + 1u) * kTwoToMinus24;
+    u_angle[j] = static_cast<float>(static_cast<std::uint32_t>(bits >> 8) & 0xFFFFFFu) * kTwoToMinus24;
   }
-  const ChunkArray radius = (-2.0f * u_radius.log()).sqrt();
+  box_muller_radius(u_radius, radius, kChunkPairs);
   for (std::size_t j = 0; j < kChunkPairs; ++j) {
     const TurnSinCos sc = sin_cos_of_turn(u_angle[j]);
-    out[j] = radius[j] * sc.cos;
-    out[kChunkPairs + j] = radius[j] * sc.sin;
+    out[j] = scale * (radius[j] * sc.cos);
+    out[kChunkPairs + j] = scale * (radius[j] * sc.sin);
   }
 }
 
 // Chunks are always whole (a multiple of every SIMD width), so each draw goes through the same
-// vectorised code path whatever `count` is: element i depends on (key, i) only.
+// vectorised code path whatever `count` is: element i depends on (key, i) only. A float chunk
+// that is whole is drawn straight into `out`, scaled on the way (the same product, stddev times
+// the draw, rounded once).
 template <typename Scalar>
 void fill_normal_impl(std::uint64_t key, Scalar stddev, Scalar* out, std::size_t first, std::size_t end) {
   static_assert(kNormalChunk == 2 * kChunkPairs);
   if (first % kNormalChunk != 0) throw std::logic_error("fill_normal_range must start on a chunk boundary");
   alignas(64) float chunk[kNormalChunk];
   for (std::size_t begin = first; begin < end; begin += kNormalChunk) {
-    standard_normal_chunk(key, begin / 2, chunk);
     const std::size_t n = std::min(kNormalChunk, end - begin);
     Scalar* destination = out + (begin - first);
+    if constexpr (std::is_same_v<Scalar, float>) {
+      if (n == kNormalChunk) {
+        standard_normal_chunk(key, begin / 2, stddev, destination);
+        continue;
+      }
+    }
+    standard_normal_chunk(key, begin / 2, 1.0f, chunk);
     for (std::size_t i = 0; i < n; ++i) destination[i] = stddev * static_cast<Scalar>(chunk[i]);
   }
 }
 }  // namespace
+
+void box_muller_radius(const float* u, float* radius, std::size_t count) {
+#if defined(__AVX512F__)
+  if (count % 16 == 0) {
+    for (std::size_t j = 0; j < count; j += 16)
+      _mm512_storeu_ps(radius + j, radius_packet(_mm512_loadu_ps(u + j)));
+    return;
+  }
+#endif
+  Eigen::Map<Eigen::ArrayXf>(radius, static_cast<Eigen::Index>(count)) =
+      (-2.0f * Eigen::Map<const Eigen::ArrayXf>(u, static_cast<Eigen::Index>(count)).log()).sqrt();
+}
 
 std::uint64_t mix64(std::uint64_t value) {
   value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9ull;
