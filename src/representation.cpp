@@ -13,12 +13,11 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 }
 
-// Rows scaled to unit norm (zero rows stay zero).
+// Rows scaled to unit norm (zero rows stay zero). The rows of a column-major matrix are strided,
+// so the norms come from one vectorised pass down the columns rather than row by row.
 Eigen::MatrixXd unit_rows(Eigen::MatrixXd rows) {
-  for (Eigen::Index t = 0; t < rows.rows(); ++t) {
-    const double norm = rows.row(t).norm();
-    if (norm > 0) rows.row(t) /= norm;
-  }
+  const Eigen::ArrayXd norms = rows.rowwise().norm().array();
+  rows.array().colwise() /= (norms > 0).select(norms, 1.0);
   return rows;
 }
 
@@ -27,10 +26,10 @@ double mean_angular_distance(const Eigen::MatrixXd& unit_a, const Eigen::MatrixX
   // 2 atan2(|u - v|, |u + v|) equals arccos(u . v) for unit u, v, but stays accurate near 0 and pi
   // (Kahan, "How futile are mindless assessments of roundoff", 2006): identical rows give exactly
   // 0 instead of arccos's amplified rounding noise (~1e-10).
+  const Eigen::VectorXd difference = (unit_a - unit_b).rowwise().norm();
+  const Eigen::VectorXd sum_norm = (unit_a + unit_b).rowwise().norm();
   double sum = 0;
-  for (Eigen::Index t = 0; t < unit_a.rows(); ++t) {
-    sum += 2.0 * std::atan2((unit_a.row(t) - unit_b.row(t)).norm(), (unit_a.row(t) + unit_b.row(t)).norm());
-  }
+  for (Eigen::Index t = 0; t < unit_a.rows(); ++t) sum += 2.0 * std::atan2(difference[t], sum_norm[t]);
   return sum / (std::numbers::pi * static_cast<double>(unit_a.rows()));
 }
 
@@ -46,8 +45,15 @@ double mean_token_cosine(const Eigen::MatrixXd& unit) {
 // 2007, "The effective rank: a measure of effective dimensionality"); the s_i come from the
 // eigenvalues of the smaller Gram matrix.
 double effective_rank(const Eigen::MatrixXd& rows) {
-  const Eigen::MatrixXd gram = rows.rows() <= rows.cols() ? Eigen::MatrixXd(rows * rows.transpose())
-                                                          : Eigen::MatrixXd(rows.transpose() * rows);
+  // The lower triangle only (half the products); the eigensolver reads no more.
+  Eigen::MatrixXd gram;
+  if (rows.rows() <= rows.cols()) {
+    gram.setZero(rows.rows(), rows.rows());
+    gram.selfadjointView<Eigen::Lower>().rankUpdate(rows);
+  } else {
+    gram.setZero(rows.cols(), rows.cols());
+    gram.selfadjointView<Eigen::Lower>().rankUpdate(rows.transpose());
+  }
   const Eigen::VectorXd eigenvalues =
       Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(gram, Eigen::EigenvaluesOnly).eigenvalues();
   const Eigen::ArrayXd singular = eigenvalues.array().max(0.0).sqrt();
