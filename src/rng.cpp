@@ -93,8 +93,10 @@ inline __m512 radius_packet(__m512 u) {
 // first_pair + kChunkPairs); cosines fill out[0, kChunkPairs), sines out[kChunkPairs, 2 kChunkPairs).
 void standard_normal_chunk(std::uint64_t key, std::uint64_t first_pair, float scale, float* out) {
   alignas(64) float u_radius[kChunkPairs], u_angle[kChunkPairs], radius[kChunkPairs];
+  std::uint64_t counter = key + first_pair * kGolden;  // SplitMix64's state before pair first_pair
   for (std::size_t j = 0; j < kChunkPairs; ++j) {
-    const std::uint64_t bits = mix64(key + (first_pair + j + 1) * kGolden);
+    counter += kGolden;  // key + (first_pair + j + 1) kGolden, mod 2^64, without a multiply
+    const std::uint64_t bits = mix64(counter);
     // 24-bit uniforms: radius draw in (0, 1] (log never sees 0), angle draw in [0, 1). Both are
     // exact in 32 bits, which converts to float in one instruction per 16 lanes.
     u_radius[j] = static_cast<float>(static_cast<std::uint32_t>(bits >> 40) + 1u) * kTwoToMinus24;
