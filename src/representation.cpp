@@ -1,11 +1,12 @@
 // Representation figures: token similarity, effective rank, angular distance.
 #include "gradflow/representation.hpp"
 
-#include <Eigen/Eigenvalues>
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numbers>
+
+#include "gradflow/symmetric_eigenvalues.hpp"
 
 namespace gradflow {
 
@@ -54,8 +55,8 @@ double effective_rank(const Eigen::MatrixXd& rows) {
     gram.setZero(rows.cols(), rows.cols());
     gram.selfadjointView<Eigen::Lower>().rankUpdate(rows.transpose());
   }
-  const Eigen::VectorXd eigenvalues =
-      Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(gram, Eigen::EigenvaluesOnly).eigenvalues();
+  Eigen::VectorXd eigenvalues;
+  if (!gram.allFinite() || !symmetric_eigenvalues(gram, eigenvalues)) return kNaN;
   const Eigen::ArrayXd singular = eigenvalues.array().max(0.0).sqrt();
   const double total = singular.sum();
   if (!(total > 0)) return kNaN;
