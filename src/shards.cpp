@@ -6,9 +6,21 @@
 
 #include <immintrin.h>
 
+#if defined(GRADFLOW_OPENBLAS)
+extern "C" void openblas_set_num_threads(int threads);
+#endif
+
 namespace gradflow {
 
 namespace {
+#if defined(GRADFLOW_OPENBLAS)
+// Every matrix product runs on the thread that calls it: gradflow's two shards already use both
+// cores, and a product that OpenBLAS split over its own threads could round differently with the
+// thread count. Set once, when the core library is loaded (this file is always linked: every op
+// goes through run_shards).
+const bool kBlasSingleThreaded = (openblas_set_num_threads(1), true);
+#endif
+
 // About 50 microseconds of spinning with nothing to do before sleeping: longer than the gap
 // between two ops of one sublayer, much shorter than a scheduler time slice.
 constexpr int kSpinIterations = 2000;
