@@ -17,11 +17,13 @@
 #include <memory>
 #include <numbers>
 #include <numeric>
+#include <type_traits>
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/graph.hpp"
 #include "gradflow/initialization.hpp"
 #include "gradflow/representation.hpp"
+#include "gradflow/lane_sum.hpp"
 #include "gradflow/rng.hpp"
 
 namespace gradflow {
@@ -38,21 +40,6 @@ constexpr int kSpectrumMaxIterations = 200;
 template <typename Scalar>
 using State = std::vector<Mat<Scalar>>;  // one (T, d) matrix per stream
 
-// sum_i term(i) in double, in eight interleaved partial sums (one SIMD register) added in a fixed
-// order: vectorised, and the same bits wherever the data sits in memory.
-template <typename Term>
-double lane_sum(Eigen::Index count, Term&& term) {
-  constexpr int kLanes = 8;
-  double lanes[kLanes] = {};
-  Eigen::Index i = 0;
-  for (; i + kLanes <= count; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lanes[j] += term(i + j);
-  }
-  for (; i < count; ++i) lanes[0] += term(i);
-  double sum = 0;
-  for (const double lane : lanes) sum += lane;
-  return sum;
-}
 template <typename Scalar>
 double squared_norm(const Scalar* data, Eigen::Index count) {
   return lane_sum(
@@ -61,8 +48,7 @@ double squared_norm(const Scalar* data, Eigen::Index count) {
 // sum_i a_i b_i and sum_i (a_i - b_i)^2 in double (the difference in Scalar).
 template <typename Scalar>
 double dot(const Scalar* a, const Scalar* b, Eigen::Index count) {
-  return lane_sum(count,
-                  [a, b](Eigen::Index i) { return static_cast<double>(a[i]) * static_cast<double>(b[i]); });
+  return lane_dot(a, b, count);
 }
 template <typename Scalar>
 double squared_distance(const Scalar* a, const Scalar* b, Eigen::Index count) {
@@ -83,7 +69,14 @@ double state_rms(const State<Scalar>& state) {
 }
 template <typename Scalar>
 bool all_finite(const State<Scalar>& state) {
-  return std::all_of(state.begin(), state.end(), [](const Mat<Scalar>& m) { return m.allFinite(); });
+  if constexpr (std::is_same_v<Scalar, float>) {
+    // A float's square cannot overflow a double (< 2^256), so the sum of squares is finite exactly
+    // when every entry is: one vectorised pass, against about 1 ns an entry for Eigen's allFinite.
+    return std::all_of(state.begin(), state.end(),
+                       [](const Mat<Scalar>& m) { return std::isfinite(squared_norm(m)); });
+  } else {
+    return std::all_of(state.begin(), state.end(), [](const Mat<Scalar>& m) { return m.allFinite(); });
+  }
 }
 // Squared norm of probe k's rows (k*T .. k*T+T) of one cotangent.
 template <typename Scalar>

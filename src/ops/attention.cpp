@@ -2,6 +2,7 @@
 #include <cmath>
 #include <limits>
 
+#include "gradflow/lane_sum.hpp"
 #include "gradflow/ops.hpp"
 
 namespace gradflow {
@@ -127,9 +128,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
       dots.assign(probes, 0.0);
       const auto context = cache.context.middleCols(begin, size);
       for (Eigen::Index k = 0; k < probes; ++k) {
-        dots[k] = (cache.d_context.block(k * tokens, begin, tokens, size).template cast<double>().array() *
-                   context.template cast<double>().array())
-                      .sum();
+        dots[k] = row_major_dot(cache.d_context.block(k * tokens, begin, tokens, size), context);
       }
     }
     Mat<Scalar>& d_probs = cache.d_probs[shard];

@@ -3,6 +3,7 @@
 #include <numbers>
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include "gradflow/lane_sum.hpp"
 #include "gradflow/ops.hpp"
 
 namespace gradflow {
@@ -65,7 +66,7 @@ double symmetric_inner(const Mat<Scalar>& a, const Mat<Scalar>& b) {
   double diagonal = 0, below = 0;
   for (Eigen::Index i = 0; i < a.rows(); ++i) {
     diagonal += static_cast<double>(a(i, i)) * static_cast<double>(b(i, i));
-    for (Eigen::Index j = 0; j < i; ++j) below += static_cast<double>(a(i, j)) * static_cast<double>(b(i, j));
+    below += lane_dot(&a.coeffRef(i, 0), &b.coeffRef(i, 0), i);  // row-major: a(i, 0 .. i) is contiguous
   }
   return diagonal + 2.0 * below;
 }
@@ -112,9 +113,7 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
       dots.assign(probes, 0.0);
       const auto hidden = cache.hidden.middleCols(units.begin, units.size());
       for (Eigen::Index k = 0; k < probes; ++k) {
-        dots[k] = (d_hidden.middleRows(k * tokens, tokens).template cast<double>().array() *
-                   hidden.template cast<double>().array())
-                      .sum();
+        dots[k] = row_major_dot(d_hidden.middleRows(k * tokens, tokens), hidden);
       }
     }
     auto& squares = cache.partials.param_grads[shard];
