@@ -107,7 +107,8 @@ def main():
     depths = [int(x) for x in args.depths.split(",")]
     results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "runs": []}
 
-    # The roofline: Eigen's float32 GEMM (what gradflow's GEMMs run on), threaded, 2048^3.
+    # The roofline: the faster of Eigen's and OpenBLAS's float32 GEMM (gradflow's products run on
+    # OpenBLAS), threaded, 2048^3.
     roofline_tool = os.path.join(os.path.dirname(args.gradflow), "gradflow_gemm_roofline")
     measured = json.loads(subprocess.run([roofline_tool], capture_output=True, text=True, check=True).stdout)
     roofline = {1: measured["large"]["1"], 2: measured["large"]["2"]}
