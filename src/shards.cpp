@@ -7,7 +7,12 @@
 #include <immintrin.h>
 
 #if defined(GRADFLOW_OPENBLAS)
-extern "C" void openblas_set_num_threads(int threads);
+extern "C" {
+void openblas_set_num_threads(int threads);
+// The pthread build's own fork handler: joins its worker pool. Weak, since other builds of the
+// library (serial, OpenMP) have no pool and no such symbol.
+[[gnu::weak]] void blas_thread_shutdown_(void);
+}
 #endif
 
 namespace gradflow {
@@ -17,8 +22,15 @@ namespace {
 // Every matrix product runs on the thread that calls it: gradflow's two shards already use both
 // cores, and a product that OpenBLAS split over its own threads could round differently with the
 // thread count. Set once, when the core library is loaded (this file is always linked: every op
-// goes through run_shards).
-const bool kBlasSingleThreaded = (openblas_set_num_threads(1), true);
+// goes through run_shards). The pthread build has already started a worker per core by then, and
+// an idle worker spins for about 0.1 s before it sleeps; with one thread per call the workers are
+// never used, so they are joined now (after which single-threaded calls run inline, as in a fork).
+bool single_threaded_blas() {
+  openblas_set_num_threads(1);
+  if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
+  return true;
+}
+const bool kBlasSingleThreaded = single_threaded_blas();
 #endif
 
 // About 50 microseconds of spinning with nothing to do before sleeping: longer than the gap
