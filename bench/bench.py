@@ -190,8 +190,10 @@ def main():
           "(up to the branch's hidden activations), the input-gradient backward and the parameter-gradient Gram "
           "matrices; the main loop is the per-sublayer forward and backward loops as gradflow times them "
           "(without the representation figures, start-up and output).")
-    print(f"GEMM roofline (Eigen float32 2048^3): {roofline[1]:.0f} GFLOP/s (1 thread), {roofline[2]:.0f} (2 threads); "
-          f"at the sublayer's shape 64x256x1024, 1 thread: {measured['sublayer_shape_1thread']:.0f}")
+    print(f"GEMM roofline (float32 2048^3, the faster of Eigen's {measured['eigen']['2']:.0f} and OpenBLAS's "
+          f"{measured['openblas']['2']:.0f} GFLOP/s on 2 threads): {roofline[1]:.0f} GFLOP/s (1 thread), "
+          f"{roofline[2]:.0f} (2 threads); at the sublayer's shape 64x256x1024, 1 thread: "
+          f"{measured['sublayer_shape_1thread']:.0f}")
     print(f"threads 2 vs 1 at depth 1024: {results['threads_speedup']:.2f}x (medians), "
           f"{results['min_threads_speedup']:.2f}x (best runs); identical output "
           f"(all {2 * args.repeats} runs): {results['threads_identical_output']}")
