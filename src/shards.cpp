@@ -69,13 +69,16 @@ bool ShardPair::worker_idle_step() {
   return stepped;
 }
 
-void ShardPair::wait_until_finished(std::uint32_t epoch) {
+namespace {
+// Waits until done(counter) holds: does idle work while there is some, then spins for about
+// kSpinIterations pauses, then sleeps on the counter (a futex) until it changes.
+template <typename Done, typename IdleStep>
+void wait_on(const std::atomic<std::uint32_t>& counter, Done&& done, IdleStep&& idle_step) {
   int idle_spins = 0;
   for (;;) {
-    const std::uint32_t seen = finished_.load(std::memory_order_acquire);
-    if (seen == epoch) return;
-    IdleWork* work = idle_.load(std::memory_order_relaxed);  // this thread owns it
-    if (work != nullptr && work->step()) {
+    const std::uint32_t seen = counter.load(std::memory_order_acquire);
+    if (done(seen)) return;
+    if (idle_step()) {
       idle_spins = 0;
       continue;
     }
@@ -83,23 +86,24 @@ void ShardPair::wait_until_finished(std::uint32_t epoch) {
       _mm_pause();
       continue;
     }
-    finished_.wait(seen, std::memory_order_acquire);
+    counter.wait(seen, std::memory_order_acquire);
   }
+}
+}  // namespace
+
+void ShardPair::wait_until_finished(std::uint32_t epoch) {
+  wait_on(
+      finished_, [epoch](std::uint32_t finished) { return finished == epoch; },
+      [this] {
+        IdleWork* work = idle_.load(std::memory_order_relaxed);  // this thread owns it
+        return work != nullptr && work->step();
+      });
 }
 
 void ShardPair::wait_until_posted(std::uint32_t seen) {
-  int idle_spins = 0;
-  while (posted_.load(std::memory_order_acquire) == seen) {
-    if (worker_idle_step()) {
-      idle_spins = 0;
-      continue;
-    }
-    if (++idle_spins < kSpinIterations) {
-      _mm_pause();
-      continue;
-    }
-    posted_.wait(seen, std::memory_order_acquire);
-  }
+  wait_on(
+      posted_, [seen](std::uint32_t posted) { return posted != seen; },
+      [this] { return worker_idle_step(); });
 }
 
 void ShardPair::worker_loop() {
