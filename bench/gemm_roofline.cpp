@@ -10,9 +10,9 @@
 
 #if defined(GRADFLOW_OPENBLAS)
 extern "C" {
-void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
-            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
-            const int* ldc);
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc);
 void openblas_set_num_threads(int threads);
 }
 #endif
@@ -45,7 +45,8 @@ double openblas_gflops([[maybe_unused]] int m, [[maybe_unused]] int k, [[maybe_u
 #if defined(GRADFLOW_OPENBLAS)
   openblas_set_num_threads(threads);
   return best_gflops(m, k, n, repeats, [](const Mat& a, const Mat& b, Mat& c) {
-    const int rows = static_cast<int>(a.rows()), cols = static_cast<int>(b.cols()), depth = static_cast<int>(a.cols());
+    const int rows = static_cast<int>(a.rows()), cols = static_cast<int>(b.cols()),
+              depth = static_cast<int>(a.cols());
     const float one = 1, zero = 0;
     sgemm_("N", "N", &rows, &cols, &depth, &one, a.data(), &rows, b.data(), &depth, &zero, c.data(), &rows);
   });
@@ -56,12 +57,15 @@ double openblas_gflops([[maybe_unused]] int m, [[maybe_unused]] int k, [[maybe_u
 }  // namespace
 
 int main() {
-  const double eigen_one = eigen_gflops(2048, 2048, 2048, 1, 5), eigen_two = eigen_gflops(2048, 2048, 2048, 2, 5);
-  const double blas_one = openblas_gflops(2048, 2048, 2048, 1, 5), blas_two = openblas_gflops(2048, 2048, 2048, 2, 5);
+  const double eigen_one = eigen_gflops(2048, 2048, 2048, 1, 5),
+               eigen_two = eigen_gflops(2048, 2048, 2048, 2, 5);
+  const double blas_one = openblas_gflops(2048, 2048, 2048, 1, 5),
+               blas_two = openblas_gflops(2048, 2048, 2048, 2, 5);
   const double sublayer =
       std::max(eigen_gflops(64, 256, 1024, 1, 2000), openblas_gflops(64, 256, 1024, 1, 2000));
   std::printf(
-      "{\"large\": {\"1\": %.1f, \"2\": %.1f}, \"eigen\": {\"1\": %.1f, \"2\": %.1f}, \"openblas\": {\"1\": %.1f, "
+      "{\"large\": {\"1\": %.1f, \"2\": %.1f}, \"eigen\": {\"1\": %.1f, \"2\": %.1f}, \"openblas\": {\"1\": "
+      "%.1f, "
       "\"2\": %.1f}, \"sublayer_shape_1thread\": %.1f}\n",
       std::max(eigen_one, blas_one), std::max(eigen_two, blas_two), eigen_one, eigen_two, blas_one, blas_two,
       sublayer);
