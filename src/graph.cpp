@@ -60,12 +60,13 @@ AttentionOptions GraphExecutor<Scalar>::attention_options(const SublayerGraph& g
   return options;
 }
 
-bool recompute_can_skip_branch_output(const SublayerGraph& graph) {
+bool recompute_can_skip_branch_output(const SublayerGraph& graph, std::vector<char>& after_branch,
+                                      std::vector<int>& consumers) {
   const int branch = graph.branch_id();
   if (branch < 0) return false;
-  std::vector<char> after(graph.value_count(), 0);
-  std::vector<int> consumers(graph.value_count(), 0);
-  after[branch] = 1;
+  after_branch.assign(graph.value_count(), 0);
+  consumers.assign(graph.value_count(), 0);
+  after_branch[branch] = 1;
   const auto& nodes = graph.nodes();
   for (std::size_t index = 0; index < nodes.size(); ++index) {
     const Node& node = nodes[index];
@@ -73,8 +74,8 @@ bool recompute_can_skip_branch_output(const SublayerGraph& graph) {
     ++consumers[node.lhs];
     if (node.rhs >= 0) ++consumers[node.rhs];
     if (id == branch) continue;
-    after[id] = after[node.lhs] || (node.rhs >= 0 && after[node.rhs]);
-    if (!after[id]) continue;
+    after_branch[id] = after_branch[node.lhs] || (node.rhs >= 0 && after_branch[node.rhs]);
+    if (!after_branch[id]) continue;
     const bool is_output =
         std::find(graph.outputs().begin(), graph.outputs().end(), id) != graph.outputs().end();
     switch (node.op) {
@@ -96,6 +97,12 @@ bool recompute_can_skip_branch_output(const SublayerGraph& graph) {
   return node.op == NodeOp::scale && node.lhs == branch && consumers[branch] == 1;
 }
 
+bool recompute_can_skip_branch_output(const SublayerGraph& graph) {
+  std::vector<char> after_branch;
+  std::vector<int> consumers;
+  return recompute_can_skip_branch_output(graph, after_branch, consumers);
+}
+
 template <typename Scalar>
 void GraphExecutor<Scalar>::forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
                                     const BranchContext<Scalar>& context) {
@@ -106,8 +113,11 @@ template <typename Scalar>
 void GraphExecutor<Scalar>::recompute(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
                                       const BranchContext<Scalar>& context,
                                       const KnownOutputs<Scalar>& known) {
+  // The check fills after_branch_, which run_forward then follows; the scratch keeps the
+  // per-sublayer loop free of allocation.
   const bool skip = context.branch == BranchKind::model && known.values != nullptr &&
-                    known.norm_stats != nullptr && recompute_can_skip_branch_output(graph);
+                    known.norm_stats != nullptr &&
+                    recompute_can_skip_branch_output(graph, after_branch_, consumers_);
   run_forward(graph, inputs, context, skip ? &known : nullptr);
 }
 
@@ -138,16 +148,13 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
     cotangents_.resize(count);
     norm_stats_.resize(count);
   }
-  after_branch_.assign(count, 0);
-  skipped_branch_output_ = known != nullptr;
+  skipped_branch_output_ = known != nullptr;  // then after_branch_ is recompute's analysis
   for (int i = 0; i < graph.input_count(); ++i) values_[i] = inputs[i];
   int id = graph.input_count();
   for (const Node& node : graph.nodes()) {
     Mat<Scalar>& out = values_[id];
     const Mat<Scalar>& a = values_[node.lhs];
-    if (known && (node.op == NodeOp::branch || after_branch_[node.lhs] ||
-                  (node.rhs >= 0 && after_branch_[node.rhs]))) {
-      after_branch_[id] = 1;
+    if (known && after_branch_[id]) {
       if (node.op == NodeOp::branch) {  // the hidden activations only: no output projection
         if (context.kind == SublayerKind::attn) {
           attention_forward(a, *context.weights, attention_options(graph, context), attention_, out,

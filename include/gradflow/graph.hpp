@@ -94,6 +94,10 @@ struct KnownOutputs {
 // once, so that <dL/d update, update> = <dL/dF, F> comes from the branch's backward. Post-norm
 // placements (post-ln, keel, deepnorm, ...) qualify; their branch's output projection is skipped.
 bool recompute_can_skip_branch_output(const SublayerGraph& graph);
+// The same, with caller-owned scratch; after_branch[id] is then 1 for the branch output and every
+// value that depends on it (complete when the answer is true).
+bool recompute_can_skip_branch_output(const SublayerGraph& graph, std::vector<char>& after_branch,
+                                      std::vector<int>& consumers);
 
 // Runs a SublayerGraph forward, keeping what the backward needs, then backward. Buffers are
 // reused across sublayers, so the per-sublayer loop does not allocate once shapes have settled.
@@ -137,7 +141,8 @@ class GraphExecutor {
                    const BranchContext<Scalar>& context, const KnownOutputs<Scalar>* known);
 
   std::vector<Mat<Scalar>> values_, cotangents_, norm_stats_;
-  std::vector<char> after_branch_;  // per value id: depends on the branch output
+  std::vector<char> after_branch_;  // per value id: depends on the branch output (recompute)
+  std::vector<int> consumers_;      // recompute's scratch: uses of each value
   bool skipped_branch_output_ = false;
   std::vector<double> branch_output_dots_;
   AttentionCache<Scalar> attention_;
