@@ -34,4 +34,8 @@ void fill_normal_range(std::uint64_t key, double stddev, double* out, std::size_
 // path on AVX-512 when count is a multiple of 16). Exposed for the tests.
 void box_muller_radius(const float* u, float* radius, std::size_t count);
 
+// sin(2 pi u) and cos(2 pi u) of u[0..count), as the generator computes them for its angle draws
+// (u = k 2^-24, k in [0, 2^24)). Exposed for the tests.
+void box_muller_angle(const float* u, float* sine, float* cosine, std::size_t count);
+
 }  // namespace gradflow
