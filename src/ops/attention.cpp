@@ -2,6 +2,7 @@
 #include <cmath>
 #include <limits>
 
+#include "gradflow/gemm.hpp"
 #include "gradflow/lane_sum.hpp"
 #include "gradflow/ops.hpp"
 
@@ -65,9 +66,9 @@ void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
   run_shards(shards, [&](int shard) {
     const ShardRange heads = head_range(options.heads, shard);
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
-    cache.q_raw.middleCols(begin, size).noalias() = x * w.w_q.middleCols(begin, size);  // (T, d)
-    cache.k_raw.middleCols(begin, size).noalias() = x * w.w_k.middleCols(begin, size);
-    cache.v_raw.middleCols(begin, size).noalias() = x * w.w_v.middleCols(begin, size);
+    multiply(x, w.w_q.middleCols(begin, size), cache.q_raw.middleCols(begin, size));  // (T, d)
+    multiply(x, w.w_k.middleCols(begin, size), cache.k_raw.middleCols(begin, size));
+    multiply(x, w.w_v.middleCols(begin, size), cache.v_raw.middleCols(begin, size));
   });
   // q/k/v norms may span all heads (OLMo 2's full-width QK-norm): applied between the phases.
   normalize_projection(options, false, cache.q_raw, cache.q, cache.q_inv);
@@ -94,8 +95,9 @@ void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     }
     if (!with_output) return;
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
-    cache.partials.output[shard].noalias() =
-        cache.context.middleCols(begin, size) * w.w_o.middleRows(begin, size);
+    cache.partials.output[shard].resize(tokens, width);
+    multiply(cache.context.middleCols(begin, size), w.w_o.middleRows(begin, size),
+             cache.partials.output[shard]);
   });
   if (with_output) out = cache.partials.output[0] + cache.partials.output[1];  // (T, d)
 }
@@ -122,7 +124,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     const ShardRange heads = head_range(options.heads, shard);
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
     cache.partials.param_grads[shard].assign(probes, 0.0);
-    cache.d_context.middleCols(begin, size).noalias() = d_out * w.w_o.middleRows(begin, size).transpose();
+    multiply_transposed(d_out, w.w_o.middleRows(begin, size), cache.d_context.middleCols(begin, size));
     if (output_dots) {  // <d_out, C W_O> = <d_out W_O^T, C> over this shard's heads
       auto& dots = cache.partials.output_dots[shard];
       dots.assign(probes, 0.0);
@@ -163,9 +165,10 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     const ShardRange heads = head_range(options.heads, shard);
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
     Mat<Scalar>& partial = cache.partials.output[shard];
-    partial.noalias() = d_q_raw.middleCols(begin, size) * w.w_q.middleCols(begin, size).transpose();
-    partial.noalias() += d_k_raw.middleCols(begin, size) * w.w_k.middleCols(begin, size).transpose();
-    partial.noalias() += d_v_raw.middleCols(begin, size) * w.w_v.middleCols(begin, size).transpose();
+    partial.resize(rows, width);
+    multiply_transposed(d_q_raw.middleCols(begin, size), w.w_q.middleCols(begin, size), partial);
+    multiply_transposed(d_k_raw.middleCols(begin, size), w.w_k.middleCols(begin, size), partial, true);
+    multiply_transposed(d_v_raw.middleCols(begin, size), w.w_v.middleCols(begin, size), partial, true);
     if (!param_grads) return;
     Mat<Scalar>& x_gram = cache.grams[shard][0];  // W_Q, W_K and W_V share their input x
     lower_gram<Scalar>(x, x_gram);

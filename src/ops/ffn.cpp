@@ -3,6 +3,7 @@
 #include <numbers>
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include "gradflow/gemm.hpp"
 #include "gradflow/lane_sum.hpp"
 #include "gradflow/ops.hpp"
 
@@ -83,11 +84,12 @@ void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCach
   run_shards(shards, [&](int shard) {
     const ShardRange units = shard_range(hidden, shard, kShardGranule);
     auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
-    pre.noalias() = x * w.w_1.middleCols(units.begin, units.size());
+    multiply(x, w.w_1.middleCols(units.begin, units.size()), pre);
     gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size()));
     if (!with_output) return;
-    cache.partials.output[shard].noalias() =
-        cache.hidden.middleCols(units.begin, units.size()) * w.w_2.middleRows(units.begin, units.size());
+    cache.partials.output[shard].resize(tokens, w.w_2.cols());
+    multiply(cache.hidden.middleCols(units.begin, units.size()), w.w_2.middleRows(units.begin, units.size()),
+             cache.partials.output[shard]);
   });
   if (with_output) out = cache.partials.output[0] + cache.partials.output[1];  // (T, d)
 }
@@ -105,9 +107,10 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
     const auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
     auto d_hidden = cache.d_hidden.middleCols(units.begin, units.size());
     auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size());
-    d_hidden.noalias() = d_out * w.w_2.middleRows(units.begin, units.size()).transpose();  // (K*T, n)
+    multiply_transposed(d_out, w.w_2.middleRows(units.begin, units.size()), d_hidden);  // (K*T, n)
     gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, cache.slope[shard]);
-    cache.partials.output[shard].noalias() = d_pre * w.w_1.middleCols(units.begin, units.size()).transpose();
+    cache.partials.output[shard].resize(rows, x.cols());
+    multiply_transposed(d_pre, w.w_1.middleCols(units.begin, units.size()), cache.partials.output[shard]);
     if (output_dots) {  // <d_out, H W_2> = <d_out W_2^T, H> over this shard's units
       auto& dots = cache.partials.output_dots[shard];
       dots.assign(probes, 0.0);

@@ -1,0 +1,65 @@
+// The sublayers' weight products, C = A B and C = A B^T, on row-major blocks.
+//
+// In float on AVX-512, register-tiled kernels (src/gemm.cpp) that read B where it lies: a BLAS
+// copies ("packs") the whole weight matrix into its own layout on every call, and with T = 64
+// token rows that copy costs a fifth of the multiply. Everywhere else, Eigen's product (BLAS when
+// built with it). Each entry of C is one sum over k in increasing order, so the bits do not depend
+// on how the caller splits C between threads.
+#pragma once
+#include <Eigen/Core>
+#include <type_traits>
+
+namespace gradflow {
+
+// C (+)= A B with A (m, k), B (k, n), C (m, n); or, with b_transposed, C (+)= A B^T with B (n, k).
+// Row-major with unit column stride; ld* are the row strides in elements. AVX-512 builds only.
+void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
+                  Eigen::Index ldc, Eigen::Index m, Eigen::Index n, Eigen::Index k, bool b_transposed,
+                  bool accumulate);
+
+#if defined(__AVX512F__)
+inline constexpr bool kTiledMultiply = true;
+#else
+inline constexpr bool kTiledMultiply = false;
+#endif
+
+namespace detail {
+template <bool Transposed, typename A, typename B, typename C>
+void multiply(const A& a, const B& b, C&& c, bool accumulate) {
+  using Scalar = typename std::decay_t<C>::Scalar;
+  if constexpr (kTiledMultiply && std::is_same_v<Scalar, float> && A::IsRowMajor && B::IsRowMajor &&
+                std::decay_t<C>::IsRowMajor && A::InnerStrideAtCompileTime == 1 &&
+                B::InnerStrideAtCompileTime == 1 && std::decay_t<C>::InnerStrideAtCompileTime == 1) {
+    eigen_assert(a.cols() == (Transposed ? b.cols() : b.rows()));
+    eigen_assert(c.rows() == a.rows() && c.cols() == (Transposed ? b.rows() : b.cols()));
+    multiply_f32(a.data(), a.outerStride(), b.data(), b.outerStride(), c.data(), c.outerStride(), a.rows(),
+                 c.cols(), a.cols(), Transposed, accumulate);
+  } else if constexpr (Transposed) {
+    if (accumulate) {
+      c.noalias() += a * b.transpose();
+    } else {
+      c.noalias() = a * b.transpose();
+    }
+  } else {
+    if (accumulate) {
+      c.noalias() += a * b;
+    } else {
+      c.noalias() = a * b;
+    }
+  }
+}
+}  // namespace detail
+
+// c = a b, or c += a b with accumulate. c must already have its shape.
+template <typename A, typename B, typename C>
+void multiply(const A& a, const B& b, C&& c, bool accumulate = false) {
+  detail::multiply<false>(a, b, c, accumulate);
+}
+
+// c = a b^T, or c += a b^T with accumulate. c must already have its shape.
+template <typename A, typename B, typename C>
+void multiply_transposed(const A& a, const B& b, C&& c, bool accumulate = false) {
+  detail::multiply<true>(a, b, c, accumulate);
+}
+
+}  // namespace gradflow

@@ -1,0 +1,120 @@
+// The weight products (gemm.hpp): C = A B and C = A B^T on row-major blocks, against a double
+// reference, over shapes that leave partial tiles on every side, strided blocks and k = 0; and
+// each entry's bits independent of how C is split, which the two shards rely on.
+#include "gradflow/gemm.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "gradflow/ops.hpp"
+#include "support/finite_difference.hpp"
+
+using namespace gradflow;
+using namespace gradflow::testing;
+
+namespace {
+Mat<float> random_float(Eigen::Index rows, Eigen::Index cols, unsigned seed) {
+  return random_matrix(rows, cols, seed, 1.0).cast<float>();
+}
+
+// Largest |got - want| relative to the sum of |a_ip| |b_pj| of that entry (the scale of its
+// rounding error), with the products formed in double.
+double worst_relative_error(const Mat<float>& a, const Mat<float>& b, const Mat<float>& got,
+                            const Mat<float>& initial, bool accumulate) {
+  const Eigen::MatrixXd ad = a.cast<double>(), bd = b.cast<double>();
+  const Eigen::MatrixXd start =
+      accumulate ? Eigen::MatrixXd(initial.cast<double>()) : Eigen::MatrixXd::Zero(got.rows(), got.cols());
+  const Eigen::MatrixXd want = ad * bd + start;
+  const Eigen::MatrixXd scale = ad.cwiseAbs() * bd.cwiseAbs() + start.cwiseAbs();
+  double worst = 0;
+  for (Eigen::Index i = 0; i < got.rows(); ++i) {
+    for (Eigen::Index j = 0; j < got.cols(); ++j) {
+      worst = std::max(worst, std::abs(got(i, j) - want(i, j)) / std::max(scale(i, j), 1e-30));
+    }
+  }
+  return worst;
+}
+}  // namespace
+
+TEST_CASE("multiply and multiply_transposed agree with a double-precision product on every tile edge") {
+  const Eigen::Index ms[] = {1, 7, 8, 9, 17, 33, 64, 70};
+  const Eigen::Index ns[] = {1, 15, 16, 17, 31, 32, 33, 100};
+  const Eigen::Index ks[] = {0, 1, 5, 16, 31, 64};
+  unsigned seed = 1;
+  int cases = 0;
+  for (const Eigen::Index m : ms) {
+    for (const Eigen::Index n : ns) {
+      for (const Eigen::Index k : ks) {
+        for (const bool accumulate : {false, true}) {
+          CAPTURE(m);
+          CAPTURE(n);
+          CAPTURE(k);
+          CAPTURE(accumulate);
+          // Operands as blocks of wider matrices, so that every row stride exceeds the width.
+          const Mat<float> a_wide = random_float(m, k + 3, seed++), b_wide = random_float(k, n + 5, seed++);
+          const Mat<float> b_t_wide = random_float(n, k + 2, seed++);
+          const Mat<float> initial = random_float(m, n, seed++);
+          const auto a = a_wide.leftCols(k);
+          const auto b = b_wide.middleCols(2, n);
+          Mat<float> c_wide = random_float(m, n + 4, seed++);
+          c_wide.middleCols(1, n) = initial;
+          multiply(a, b, c_wide.middleCols(1, n), accumulate);
+          CHECK(worst_relative_error(a, b, c_wide.middleCols(1, n), initial, accumulate) < 1e-6);
+
+          c_wide.middleCols(1, n) = initial;
+          multiply_transposed(a, b_t_wide.leftCols(k), c_wide.middleCols(1, n), accumulate);
+          const Mat<float> b_t = b_t_wide.leftCols(k).transpose();
+          CHECK(worst_relative_error(a, b_t, c_wide.middleCols(1, n), initial, accumulate) < 1e-6);
+          ++cases;
+        }
+      }
+    }
+  }
+  CHECK(cases == 8 * 8 * 6 * 2);
+}
+
+TEST_CASE("multiply and multiply_transposed write nothing outside C") {
+  const Mat<float> a = random_float(9, 20, 1), b = random_float(20, 33, 2), b_t = random_float(33, 20, 3);
+  Mat<float> c = Mat<float>::Constant(11, 37, 7.0f);
+  multiply(a, b, c.block(1, 2, 9, 33));
+  Mat<float> outside = c;
+  outside.block(1, 2, 9, 33).setConstant(7.0f);
+  CHECK((outside.array() == 7.0f).all());
+  c.setConstant(7.0f);
+  multiply_transposed(a, b_t, c.block(1, 2, 9, 33), true);
+  outside = c;
+  outside.block(1, 2, 9, 33).setConstant(7.0f);
+  CHECK((outside.array() == 7.0f).all());
+}
+
+TEST_CASE("each entry of a product has the same bits however C is split into column blocks") {
+  // The shards compute column blocks of one product (or products over column blocks of the
+  // weights); gradflow's output must not depend on the split.
+  const Mat<float> a = random_float(64, 256, 11), b = random_float(256, 1024, 12),
+                   b_t = random_float(1024, 256, 13);
+  Mat<float> whole(64, 1024), split(64, 1024), whole_t(64, 1024), split_t(64, 1024);
+  multiply(a, b, whole);
+  multiply_transposed(a, b_t, whole_t);
+  for (const Eigen::Index cut : {Eigen::Index(1), Eigen::Index(200), Eigen::Index(512), Eigen::Index(1000)}) {
+    CAPTURE(cut);
+    multiply(a, b.leftCols(cut), split.leftCols(cut));
+    multiply(a, b.rightCols(1024 - cut), split.rightCols(1024 - cut));
+    multiply_transposed(a, b_t.topRows(cut), split_t.leftCols(cut));
+    multiply_transposed(a, b_t.bottomRows(1024 - cut), split_t.rightCols(1024 - cut));
+    CHECK(std::memcmp(whole.data(), split.data(), sizeof(float) * whole.size()) == 0);
+    CHECK(std::memcmp(whole_t.data(), split_t.data(), sizeof(float) * whole_t.size()) == 0);
+  }
+}
+
+TEST_CASE("the double-precision products are Eigen's") {
+  const Mat<double> a = random_matrix(7, 19, 21, 1.0), b = random_matrix(19, 5, 22, 1.0),
+                    b_t = random_matrix(5, 19, 23, 1.0);
+  Mat<double> c(7, 5), want = a * b;
+  multiply(a, b, c);
+  CHECK((c - want).cwiseAbs().maxCoeff() < 1e-14);
+  multiply_transposed(a, b_t, c, false);
+  want = a * b_t.transpose();
+  CHECK((c - want).cwiseAbs().maxCoeff() < 1e-14);
+}
