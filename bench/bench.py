@@ -3,14 +3,17 @@
 with a plain PyTorch implementation of the same analysis and a float32 GEMM roofline, all measured
 in one run on one machine. Writes a JSON file and prints a Markdown table.
 
-The PyTorch side uses whatever BLAS Debian's torch links (generic BLAS on Debian 12), so its time is
-that of a straightforward PyTorch script on this machine.
+The PyTorch side uses the BLAS Debian's torch finds through the system's libblas.so.3 alternative
+(OpenBLAS once libopenblas-dev is installed, as scripts/bootstrap does; the reference BLAS before),
+so its time is that of a straightforward PyTorch script on this machine.
 
-Every gradflow configuration runs --repeats times (three times as often below depth 1024, where a
-run takes under a second; the 1- and 2-thread runs at depth 1024 interleaved) and is reported by
-its median and its minimum (the least disturbed run): the machines are noisy.
+The machines are noisy, and slow down for minutes at a time, so the bench runs in rounds: each
+round runs every configuration once (three times below depth 1024, where a run takes under a
+second) and the PyTorch script once, so that a slow phase falls on one round of every
+configuration rather than on all runs of one. Each configuration is reported by its median, its
+range and its best run, over --repeats rounds.
 
-Usage: bench/bench.py [--gradflow build/gradflow] [--depths 64,256,1024,4096,8192] [--repeats 3]
+Usage: bench/bench.py [--gradflow build/gradflow] [--depths 64,256,1024,4096,8192] [--repeats 5]
                       [--skip-torch] [-o FILE]
 """
 import argparse
@@ -27,8 +30,9 @@ import time
 def forward_backward_flops(blocks, width=256, seq=64):
     """Matrix-product FLOPs gradflow executes for keel (one probe): the forward pass, the backward
     pass's recompute (which for post-norm placements stops before the W_O and W_2 products), the
-    input-gradient backward, and the parameter-gradient Gram matrices (symmetric: T(T+1) n FLOPs
-    for T x n rows, each Gram counted once although both shards form the shared ones)."""
+    input-gradient backward, and the parameter-gradient Gram matrices, counted as symmetric rank-k
+    updates (T(T+1) n FLOPs for T x n rows, each Gram once although both shards form the shared
+    ones; in float32 gradflow forms the whole square, 2 T^2 n, so this undercounts)."""
     d, t, hidden = width, seq, 4 * width
     attention_core = 2 * 2 * t * t * d  # scores and context
     forward = 4 * 2 * t * d * d + attention_core + 2 * 2 * t * d * hidden
@@ -100,18 +104,18 @@ def main():
     parser.add_argument("--gradflow", default="build/gradflow")
     parser.add_argument("--depths", default="64,256,1024,4096,8192")
     parser.add_argument("--torch-depth", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=3, help="runs per gradflow configuration (median reported)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds: runs per configuration (median reported)")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("-o", "--output", default="bench/results.json")
     args = parser.parse_args()
     depths = [int(x) for x in args.depths.split(",")]
     results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "runs": []}
 
-    # The roofline: the faster of Eigen's and OpenBLAS's float32 GEMM (gradflow's products run on
-    # OpenBLAS), threaded, 2048^3.
+    # The roofline: the fastest float32 GEMM measured on this machine (Eigen's, OpenBLAS's and
+    # gradflow's own tiled kernel, large square and at a sublayer's shape), 1 and 2 threads.
     roofline_tool = os.path.join(os.path.dirname(args.gradflow), "gradflow_gemm_roofline")
     measured = json.loads(subprocess.run([roofline_tool], capture_output=True, text=True, check=True).stdout)
-    roofline = {1: measured["large"]["1"], 2: measured["large"]["2"]}
+    roofline = {1: measured["roofline"]["1"], 2: measured["roofline"]["2"]}
     results["gemm_roofline_gflops"] = measured
 
     def gradflow_once(depth, threads):
@@ -143,18 +147,25 @@ def main():
               f"{100 * row['main_loop_roofline_fraction']:.0f}% in the main loop)", file=sys.stderr)
         return row
 
-    # Threads 1 and 2 at depth 1024, interleaved so that both see the same machine.
-    samples = {1: [], 2: []}
-    for _ in range(args.repeats):
-        for threads in (1, 2):
-            samples[threads].append(gradflow_once(1024, threads))
-    one, two = summarize(1024, 1, samples[1]), summarize(1024, 2, samples[2])
+    # Rounds: every configuration once per round (small depths three times), then PyTorch.
+    configurations = [(1024, 1), (1024, 2)] + [(depth, 2) for depth in depths if depth != 1024]
+    samples = {configuration: [] for configuration in configurations}
+    torch_samples = []
+    for round_index in range(args.repeats):
+        for depth, threads in configurations:
+            for _ in range(3 if depth < 1024 else 1):
+                samples[(depth, threads)].append(gradflow_once(depth, threads))
+        if not args.skip_torch:
+            seconds, rss, _ = run_measured([sys.executable, "-c", TORCH_SCRIPT, str(args.torch_depth), "2"])
+            torch_samples.append((seconds, rss))
+        print(f"round {round_index + 1} of {args.repeats} done", file=sys.stderr)
+
+    one, two = summarize(1024, 1, samples[(1024, 1)]), summarize(1024, 2, samples[(1024, 2)])
     results["threads_speedup"] = one["seconds"] / two["seconds"]
     results["min_threads_speedup"] = one["min_seconds"] / two["min_seconds"]
-    outputs = {strip_timing(out) for threads in (1, 2) for _, _, out in samples[threads]}
+    outputs = {strip_timing(out) for threads in (1, 2) for _, _, out in samples[(1024, threads)]}
     results["threads_identical_output"] = len(outputs) == 1
-    scaling = [summarize(depth, 2, [gradflow_once(depth, 2) for _ in range(args.repeats * (3 if depth < 1024 else 1))])
-               for depth in depths if depth != 1024] + [two]
+    scaling = [summarize(depth, 2, samples[(depth, 2)]) for depth in depths if depth != 1024] + [two]
     scaling.sort(key=lambda r: r["depth"])
     for key, field in (("seconds_per_block", "seconds"), ("min_seconds_per_block", "min_seconds")):
         results[key] = {r["depth"]: r[field] / r["depth"] for r in scaling}
@@ -162,16 +173,17 @@ def main():
         middle = statistics.median(per_block)
         results[key.replace("seconds_per_block", "linearity_max_deviation")] = max(abs(p / middle - 1) for p in per_block)
 
-    if not args.skip_torch:
-        for threads in (2,):
-            seconds, rss, out = run_measured([sys.executable, "-c", TORCH_SCRIPT, str(args.torch_depth), str(threads)])
-            row = {"tool": "pytorch", "depth": args.torch_depth, "threads": threads, "seconds": seconds,
-                   "peak_rss_mb": rss, "gflops": torch_flops(args.torch_depth) / seconds / 1e9}
-            results["runs"].append(row)
-            print(f"pytorch  depth {args.torch_depth:5d} threads {threads}: {seconds:7.2f} s, {rss:7.0f} MB", file=sys.stderr)
-        results["speedup_vs_pytorch"] = results["runs"][-1]["seconds"] / two["seconds"]
-        results["min_speedup_vs_pytorch"] = results["runs"][-1]["seconds"] / two["min_seconds"]
-        results["rss_ratio_vs_pytorch"] = results["runs"][-1]["peak_rss_mb"] / two["peak_rss_mb"]
+    if torch_samples:
+        seconds = statistics.median(s for s, _ in torch_samples)
+        row = {"tool": "pytorch", "depth": args.torch_depth, "threads": 2, "seconds": seconds,
+               "seconds_all": [s for s, _ in torch_samples], "min_seconds": min(s for s, _ in torch_samples),
+               "peak_rss_mb": max(r for _, r in torch_samples), "gflops": torch_flops(args.torch_depth) / seconds / 1e9}
+        results["runs"].append(row)
+        print(f"pytorch  depth {args.torch_depth:5d} threads 2: {seconds:7.2f} s (median of {len(torch_samples)}), "
+              f"{row['peak_rss_mb']:7.0f} MB", file=sys.stderr)
+        results["speedup_vs_pytorch"] = row["seconds"] / two["seconds"]
+        results["min_speedup_vs_pytorch"] = row["min_seconds"] / two["min_seconds"]
+        results["rss_ratio_vs_pytorch"] = row["peak_rss_mb"] / two["peak_rss_mb"]
 
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
     with open(args.output, "w") as f:
@@ -190,10 +202,12 @@ def main():
           "(up to the branch's hidden activations), the input-gradient backward and the parameter-gradient Gram "
           "matrices; the main loop is the per-sublayer forward and backward loops as gradflow times them "
           "(without the representation figures, start-up and output).")
-    print(f"GEMM roofline (float32 2048^3, the faster of Eigen's {measured['eigen']['2']:.0f} and OpenBLAS's "
-          f"{measured['openblas']['2']:.0f} GFLOP/s on 2 threads): {roofline[1]:.0f} GFLOP/s (1 thread), "
-          f"{roofline[2]:.0f} (2 threads); at the sublayer's shape 64x256x1024, 1 thread: "
-          f"{measured['sublayer_shape_1thread']:.0f}")
+    large, small = measured["large"], measured["sublayer"]
+    print(f"GEMM roofline, the fastest float32 GEMM measured: {roofline[1]:.0f} GFLOP/s (1 thread), {roofline[2]:.0f} "
+          f"(2 threads). 2048^3 on 2 threads: Eigen {large['eigen']['2']:.0f}, OpenBLAS {large['openblas']['2']:.0f}, "
+          f"gradflow's tiled kernel {large['tiled']['2']:.0f}; 64x256x1024 per thread, 1 / 2 threads: Eigen "
+          f"{small['eigen']['1']:.0f} / {small['eigen']['2']:.0f}, OpenBLAS {small['openblas']['1']:.0f} / "
+          f"{small['openblas']['2']:.0f}, tiled {small['tiled']['1']:.0f} / {small['tiled']['2']:.0f}")
     print(f"threads 2 vs 1 at depth 1024: {results['threads_speedup']:.2f}x (medians), "
           f"{results['min_threads_speedup']:.2f}x (best runs); identical output "
           f"(all {2 * args.repeats} runs): {results['threads_identical_output']}")
