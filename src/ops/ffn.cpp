@@ -59,6 +59,10 @@ void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx)
 
 template <typename Scalar>
 void lower_gram(const Eigen::Ref<const Mat<Scalar>>& rows, Mat<Scalar>& gram) {
+  if (rows.cols() == 0) {  // a shard with no columns (one head); Eigen's rank update divides by zero
+    gram.setZero(rows.rows(), rows.rows());
+    return;
+  }
   if constexpr (kTiledMultiply && std::is_same_v<Scalar, float>) {
     // The whole square on the tiled kernel: twice the FLOPs of the rank update, yet 15-25% faster
     // at T = 64, since BLAS's ssyrk packs its operand and runs at about 40 GFLOP/s here.

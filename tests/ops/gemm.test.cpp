@@ -108,6 +108,35 @@ TEST_CASE("each entry of a product has the same bits however C is split into col
   }
 }
 
+TEST_CASE("lower_gram's lower triangle is the Gram matrix, in float and double") {
+  for (const Eigen::Index m : {1, 7, 8, 33, 64, 70}) {
+    for (const Eigen::Index k : {0, 5, 64, 300}) {
+      CAPTURE(m);
+      CAPTURE(k);
+      const Mat<float> wide = random_float(m, k + 7, static_cast<unsigned>(m * 1000 + k));
+      const Mat<float> rows = wide.leftCols(k);
+      Mat<float> gram = Mat<float>::Constant(m, m, 1e30f);
+      lower_gram<float>(wide.leftCols(k), gram);
+      const Eigen::MatrixXd want = rows.cast<double>() * rows.cast<double>().transpose();
+      const Eigen::MatrixXd scale =
+          rows.cast<double>().cwiseAbs() * rows.cast<double>().cwiseAbs().transpose();
+      double worst = 0;
+      for (Eigen::Index i = 0; i < m; ++i) {
+        for (Eigen::Index j = 0; j <= i; ++j) {
+          worst = std::max(worst, std::abs(gram(i, j) - want(i, j)) / std::max(scale(i, j), 1e-30));
+        }
+      }
+      CHECK(worst < 1e-6);
+      Mat<double> gram_double;
+      lower_gram<double>(rows.cast<double>(), gram_double);
+      CHECK(gram_double.triangularView<Eigen::Lower>().toDenseMatrix().isApprox(
+          want.triangularView<Eigen::Lower>().toDenseMatrix(), 1e-12));
+      CHECK(symmetric_inner(gram, gram) ==
+            doctest::Approx(symmetric_inner(gram_double, gram_double)).epsilon(1e-5));
+    }
+  }
+}
+
 TEST_CASE("the double-precision products are Eigen's") {
   const Mat<double> a = random_matrix(7, 19, 21, 1.0), b = random_matrix(19, 5, 22, 1.0),
                     b_t = random_matrix(5, 19, 23, 1.0);
