@@ -173,6 +173,28 @@ struct TransposedTile {
     tile_transposed<R>(b, ldb, a_t, ld_at, c, ldc, k, rows, accumulate);
   }
 };
+
+// C (+)= A B^T: A^T (k, m) into this thread's scratch (A is the small operand, token rows; B the
+// weights), then row tiles of B outside (each read from memory once) and strips of A^T inside.
+// lower_only skips the tiles wholly above C's diagonal (C = A A^T, read from its lower triangle).
+void transposed_product(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
+                        Eigen::Index ldc, Eigen::Index m, Eigen::Index n, Eigen::Index k, bool accumulate,
+                        bool lower_only) {
+  thread_local std::vector<float> a_transposed;
+  const Eigen::Index ld_at = (m + 15) / 16 * 16;
+  if (a_transposed.size() < static_cast<std::size_t>(k * ld_at)) a_transposed.resize(k * ld_at);
+  float* a_t = a_transposed.data();
+  transpose(a, lda, a_t, ld_at, m, k);
+  for (Eigen::Index n0 = 0; n0 < n; n0 += kTileRows) {
+    const Eigen::Index tile_rows = std::min<Eigen::Index>(kTileRows, n - n0);
+    for (Eigen::Index m0 = 0; m0 < m; m0 += kTileColumns) {
+      const Eigen::Index rows = std::min<Eigen::Index>(kTileColumns, m - m0);
+      if (lower_only && m0 + rows <= n0) continue;  // every row i < every column j
+      dispatch_rows<TransposedTile>(tile_rows, b + n0 * ldb, ldb, a_t + m0, ld_at, c + m0 * ldc + n0, ldc, k,
+                                    rows, accumulate);
+    }
+  }
+}
 }  // namespace
 
 void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
@@ -196,25 +218,25 @@ void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index
     }
     return;
   }
-  // A^T (k, m) in this thread's scratch: A is the small operand (token rows), B the weights.
-  thread_local std::vector<float> a_transposed;
-  const Eigen::Index ld_at = (m + 15) / 16 * 16;
-  if (a_transposed.size() < static_cast<std::size_t>(k * ld_at)) a_transposed.resize(k * ld_at);
-  float* a_t = a_transposed.data();
-  transpose(a, lda, a_t, ld_at, m, k);
-  // Row tiles of B outside (each read from memory once), strips of A^T inside.
-  for (Eigen::Index n0 = 0; n0 < n; n0 += kTileRows) {
-    const Eigen::Index tile_rows = std::min<Eigen::Index>(kTileRows, n - n0);
-    for (Eigen::Index m0 = 0; m0 < m; m0 += kTileColumns) {
-      dispatch_rows<TransposedTile>(tile_rows, b + n0 * ldb, ldb, a_t + m0, ld_at, c + m0 * ldc + n0, ldc, k,
-                                    std::min<Eigen::Index>(kTileColumns, m - m0), accumulate);
-    }
+  transposed_product(a, lda, b, ldb, c, ldc, m, n, k, accumulate, false);
+}
+
+void gram_lower_f32(const float* a, Eigen::Index lda, float* c, Eigen::Index ldc, Eigen::Index m,
+                    Eigen::Index k) {
+  if (m <= 0) return;
+  if (k <= 0) {
+    for (Eigen::Index i = 0; i < m; ++i) std::fill_n(c + i * ldc, m, 0.0f);
+    return;
   }
+  transposed_product(a, lda, a, lda, c, ldc, m, m, k, false, true);
 }
 #else
 void multiply_f32(const float*, Eigen::Index, const float*, Eigen::Index, float*, Eigen::Index, Eigen::Index,
                   Eigen::Index, Eigen::Index, bool, bool) {
   throw std::logic_error("multiply_f32 needs an AVX-512 build");
+}
+void gram_lower_f32(const float*, Eigen::Index, float*, Eigen::Index, Eigen::Index, Eigen::Index) {
+  throw std::logic_error("gram_lower_f32 needs an AVX-512 build");
 }
 #endif
 

@@ -17,6 +17,11 @@ void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index
                   Eigen::Index ldc, Eigen::Index m, Eigen::Index n, Eigen::Index k, bool b_transposed,
                   bool accumulate);
 
+// The lower triangle of C = A A^T, A (m, k), C (m, m); tiles wholly above the diagonal are
+// skipped, so the rest of C above it is left partly unwritten. AVX-512 builds only.
+void gram_lower_f32(const float* a, Eigen::Index lda, float* c, Eigen::Index ldc, Eigen::Index m,
+                    Eigen::Index k);
+
 #if defined(__AVX512F__)
 inline constexpr bool kTiledMultiply = true;
 #else
