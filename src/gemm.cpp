@@ -16,13 +16,14 @@ namespace {
 constexpr int kTileRows = 8;      // rows of the broadcast operand per tile
 constexpr int kTileColumns = 32;  // two vectors of the streamed operand per tile
 
-// sum_p x[r, p] y[p, 0 .. 32) over p in [0, k), for R rows of x (row stride ldx) and the columns
+// sum_p x[r, p] y[p, 0 .. 32) over p in [0, k), for R rows of x (row stride ldx; with XColumns,
+// x is stored transposed: x[r, p] at x[p * ldx + r]) and the columns
 // of y (row stride ldy) that `low`/`high` select; handed to store(r, lanes 0-15, lanes 16-31).
 // 8 x 2 accumulators: each step loads two vectors of y and broadcasts R scalars of x into 2 R
 // fused multiply-adds, so the loads keep up with the FMA pipes, and y's 32-column strip (k x 128
 // bytes) stays in cache across the row tiles. The sums live in registers only: __m512 may alias
 // float, so an accumulator array that outlives the loop would be stored back after every step.
-template <int R, bool Masked, typename Store>
+template <int R, bool Masked, bool XColumns, typename Store>
 inline void tile_sums_of(const float* x, Eigen::Index ldx, const float* y, Eigen::Index ldy, Eigen::Index k,
                          __mmask16 low, __mmask16 high, Store& store) {
   __m512 sum0[R], sum1[R];
@@ -37,7 +38,7 @@ inline void tile_sums_of(const float* x, Eigen::Index ldx, const float* y, Eigen
       y1 = _mm512_loadu_ps(y + p * ldy + 16);
     }
     for (int r = 0; r < R; ++r) {
-      const __m512 xr = _mm512_set1_ps(x[r * ldx + p]);
+      const __m512 xr = _mm512_set1_ps(XColumns ? x[p * ldx + r] : x[r * ldx + p]);
       sum0[r] = _mm512_fmadd_ps(xr, y0, sum0[r]);
       sum1[r] = _mm512_fmadd_ps(xr, y1, sum1[r]);
     }
@@ -46,13 +47,13 @@ inline void tile_sums_of(const float* x, Eigen::Index ldx, const float* y, Eigen
 }
 
 // Whole strips load without masks: GCC keeps the sums in memory as well around a masked load.
-template <int R, typename Store>
+template <int R, bool XColumns = false, typename Store>
 inline void tile_sums(const float* x, Eigen::Index ldx, const float* y, Eigen::Index ldy, Eigen::Index k,
                       __mmask16 low, __mmask16 high, Store&& store) {
   if (low == 0xFFFF && high == 0xFFFF) {
-    tile_sums_of<R, false>(x, ldx, y, ldy, k, low, high, store);
+    tile_sums_of<R, false, XColumns>(x, ldx, y, ldy, k, low, high, store);
   } else {
-    tile_sums_of<R, true>(x, ldx, y, ldy, k, low, high, store);
+    tile_sums_of<R, true, XColumns>(x, ldx, y, ldy, k, low, high, store);
   }
 }
 
@@ -60,12 +61,13 @@ __mmask16 lane_mask(Eigen::Index lanes) {
   return lanes >= 16 ? __mmask16(0xFFFF) : lanes <= 0 ? __mmask16(0) : __mmask16((1u << lanes) - 1u);
 }
 
-// C[m0 .. m0 + R, n0 .. n0 + 32) (+)= A B: x = A's rows, y = B's column strip.
-template <int R>
+// C[m0 .. m0 + R, n0 .. n0 + 32) (+)= A B: x = A's rows (or, with AColumns, A^T's), y = B's
+// column strip.
+template <int R, bool AColumns>
 void tile_plain(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
                 Eigen::Index ldc, Eigen::Index k, Eigen::Index columns, bool accumulate) {
   const __mmask16 low = lane_mask(columns), high = lane_mask(columns - 16);
-  tile_sums<R>(a, lda, b, ldb, k, low, high, [&](int r, __m512 sum0, __m512 sum1) {
+  tile_sums<R, AColumns>(a, lda, b, ldb, k, low, high, [&](int r, __m512 sum0, __m512 sum1) {
     float* row = c + r * ldc;
     if (accumulate) {
       sum0 = _mm512_add_ps(_mm512_maskz_loadu_ps(low, row), sum0);
@@ -163,7 +165,14 @@ template <int R>
 struct PlainTile {
   static void run(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
                   Eigen::Index ldc, Eigen::Index k, Eigen::Index columns, bool accumulate) {
-    tile_plain<R>(a, lda, b, ldb, c, ldc, k, columns, accumulate);
+    tile_plain<R, false>(a, lda, b, ldb, c, ldc, k, columns, accumulate);
+  }
+};
+template <int R>
+struct LeftTransposedTile {
+  static void run(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
+                  Eigen::Index ldc, Eigen::Index k, Eigen::Index columns, bool accumulate) {
+    tile_plain<R, true>(a, lda, b, ldb, c, ldc, k, columns, accumulate);
   }
 };
 template <int R>
@@ -198,7 +207,7 @@ void transposed_product(const float* a, Eigen::Index lda, const float* b, Eigen:
 }  // namespace
 
 void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
-                  Eigen::Index ldc, Eigen::Index m, Eigen::Index n, Eigen::Index k, bool b_transposed,
+                  Eigen::Index ldc, Eigen::Index m, Eigen::Index n, Eigen::Index k, Operands operands,
                   bool accumulate) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {  // an empty sum
@@ -207,13 +216,21 @@ void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index
     }
     return;
   }
-  if (!b_transposed) {
-    // Column strips of B outside, row tiles of A inside: each strip is read from memory once.
+  if (operands != Operands::a_bt) {
+    // Column strips of B outside, row tiles of A (or of A^T, read down A's columns) inside: each
+    // strip is read from memory once.
+    const bool a_columns = operands == Operands::at_b;
     for (Eigen::Index n0 = 0; n0 < n; n0 += kTileColumns) {
       const Eigen::Index columns = std::min<Eigen::Index>(kTileColumns, n - n0);
       for (Eigen::Index m0 = 0; m0 < m; m0 += kTileRows) {
-        dispatch_rows<PlainTile>(std::min<Eigen::Index>(kTileRows, m - m0), a + m0 * lda, lda, b + n0, ldb,
-                                 c + m0 * ldc + n0, ldc, k, columns, accumulate);
+        const Eigen::Index rows = std::min<Eigen::Index>(kTileRows, m - m0);
+        if (a_columns) {
+          dispatch_rows<LeftTransposedTile>(rows, a + m0, lda, b + n0, ldb, c + m0 * ldc + n0, ldc, k,
+                                            columns, accumulate);
+        } else {
+          dispatch_rows<PlainTile>(rows, a + m0 * lda, lda, b + n0, ldb, c + m0 * ldc + n0, ldc, k, columns,
+                                   accumulate);
+        }
       }
     }
     return;
@@ -232,7 +249,7 @@ void gram_lower_f32(const float* a, Eigen::Index lda, float* c, Eigen::Index ldc
 }
 #else
 void multiply_f32(const float*, Eigen::Index, const float*, Eigen::Index, float*, Eigen::Index, Eigen::Index,
-                  Eigen::Index, Eigen::Index, bool, bool) {
+                  Eigen::Index, Eigen::Index, Operands, bool) {
   throw std::logic_error("multiply_f32 needs an AVX-512 build");
 }
 void gram_lower_f32(const float*, Eigen::Index, float*, Eigen::Index, Eigen::Index, Eigen::Index) {

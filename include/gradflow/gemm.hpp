@@ -1,4 +1,4 @@
-// The sublayers' weight products, C = A B and C = A B^T, on row-major blocks.
+// Row-major matrix products for the sublayers, C = A B, A B^T and A^T B.
 //
 // In float on AVX-512, register-tiled kernels (src/gemm.cpp) that read B where it lies: a BLAS
 // copies ("packs") the whole weight matrix into its own layout on every call, and with T = 64
@@ -11,10 +11,14 @@
 
 namespace gradflow {
 
-// C (+)= A B with A (m, k), B (k, n), C (m, n); or, with b_transposed, C (+)= A B^T with B (n, k).
-// Row-major with unit column stride; ld* are the row strides in elements. AVX-512 builds only.
+// Which product multiply_f32 forms: C = A B, A B^T or A^T B.
+enum class Operands { a_b, a_bt, at_b };
+
+// C (+)= A B with A (m, k), B (k, n); C (+)= A B^T with B (n, k); or C (+)= A^T B with A (k, m).
+// C is (m, n). Row-major with unit column stride; ld* are the row strides in elements. AVX-512
+// builds only.
 void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
-                  Eigen::Index ldc, Eigen::Index m, Eigen::Index n, Eigen::Index k, bool b_transposed,
+                  Eigen::Index ldc, Eigen::Index m, Eigen::Index n, Eigen::Index k, Operands operands,
                   bool accumulate);
 
 // The lower triangle of C = A A^T, A (m, k), C (m, m); tiles wholly above the diagonal are
@@ -29,28 +33,29 @@ inline constexpr bool kTiledMultiply = false;
 #endif
 
 namespace detail {
-template <bool Transposed, typename A, typename B, typename C>
+template <Operands Form, typename A, typename B, typename C>
 void multiply(const A& a, const B& b, C&& c, bool accumulate) {
   using Scalar = typename std::decay_t<C>::Scalar;
   if constexpr (kTiledMultiply && std::is_same_v<Scalar, float> && A::IsRowMajor && B::IsRowMajor &&
                 std::decay_t<C>::IsRowMajor && A::InnerStrideAtCompileTime == 1 &&
                 B::InnerStrideAtCompileTime == 1 && std::decay_t<C>::InnerStrideAtCompileTime == 1) {
-    eigen_assert(a.cols() == (Transposed ? b.cols() : b.rows()));
-    eigen_assert(c.rows() == a.rows() && c.cols() == (Transposed ? b.rows() : b.cols()));
-    multiply_f32(a.data(), a.outerStride(), b.data(), b.outerStride(), c.data(), c.outerStride(), a.rows(),
-                 c.cols(), a.cols(), Transposed, accumulate);
-  } else if constexpr (Transposed) {
-    if (accumulate) {
-      c.noalias() += a * b.transpose();
-    } else {
-      c.noalias() = a * b.transpose();
-    }
+    const Eigen::Index k = Form == Operands::at_b ? a.rows() : a.cols();
+    eigen_assert(k == (Form == Operands::a_bt ? b.cols() : b.rows()));
+    eigen_assert(c.rows() == (Form == Operands::at_b ? a.cols() : a.rows()));
+    eigen_assert(c.cols() == (Form == Operands::a_bt ? b.rows() : b.cols()));
+    multiply_f32(a.data(), a.outerStride(), b.data(), b.outerStride(), c.data(), c.outerStride(), c.rows(),
+                 c.cols(), k, Form, accumulate);
   } else {
-    if (accumulate) {
-      c.noalias() += a * b;
-    } else {
-      c.noalias() = a * b;
-    }
+    const auto product = [&](const auto& left, const auto& right) {
+      if (accumulate) {
+        c.noalias() += left * right;
+      } else {
+        c.noalias() = left * right;
+      }
+    };
+    if constexpr (Form == Operands::a_b) product(a, b);
+    if constexpr (Form == Operands::a_bt) product(a, b.transpose());
+    if constexpr (Form == Operands::at_b) product(a.transpose(), b);
   }
 }
 }  // namespace detail
@@ -58,13 +63,19 @@ void multiply(const A& a, const B& b, C&& c, bool accumulate) {
 // c = a b, or c += a b with accumulate. c must already have its shape.
 template <typename A, typename B, typename C>
 void multiply(const A& a, const B& b, C&& c, bool accumulate = false) {
-  detail::multiply<false>(a, b, c, accumulate);
+  detail::multiply<Operands::a_b>(a, b, c, accumulate);
 }
 
 // c = a b^T, or c += a b^T with accumulate. c must already have its shape.
 template <typename A, typename B, typename C>
 void multiply_transposed(const A& a, const B& b, C&& c, bool accumulate = false) {
-  detail::multiply<true>(a, b, c, accumulate);
+  detail::multiply<Operands::a_bt>(a, b, c, accumulate);
+}
+
+// c = a^T b, or c += a^T b with accumulate. c must already have its shape.
+template <typename A, typename B, typename C>
+void multiply_first_transposed(const A& a, const B& b, C&& c, bool accumulate = false) {
+  detail::multiply<Operands::at_b>(a, b, c, accumulate);
 }
 
 }  // namespace gradflow

@@ -79,8 +79,9 @@ void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     const ShardRange heads = head_range(options.heads, shard);
     for (auto h = heads.begin; h < heads.end; ++h) {
       Mat<Scalar>& probs = cache.probs[h];  // (T, T), zero above the diagonal (causal mask)
-      probs.noalias() =
-          cache.q.middleCols(h * head_dim, head_dim) * cache.k.middleCols(h * head_dim, head_dim).transpose();
+      probs.resize(tokens, tokens);
+      multiply_transposed(cache.q.middleCols(h * head_dim, head_dim),
+                          cache.k.middleCols(h * head_dim, head_dim), probs);
       for (Eigen::Index i = 0; i < tokens; ++i) {
         auto row = probs.row(i);
         auto visible = row.head(i + 1);
@@ -90,8 +91,8 @@ void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
         visible /= visible.sum();
         row.tail(tokens - i - 1).setZero();
       }
-      cache.context.middleCols(h * head_dim, head_dim).noalias() =
-          probs * cache.v.middleCols(h * head_dim, head_dim);
+      multiply(probs, cache.v.middleCols(h * head_dim, head_dim),
+               cache.context.middleCols(h * head_dim, head_dim));
     }
     if (!with_output) return;
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
@@ -139,16 +140,18 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
       for (auto h = heads.begin; h < heads.end; ++h) {
         const Mat<Scalar>& probs = cache.probs[h];
         const auto d_context = cache.d_context.block(k * tokens, h * head_dim, tokens, head_dim);
-        d_probs.noalias() = d_context * cache.v.middleCols(h * head_dim, head_dim).transpose();  // (T, T)
-        cache.d_v.block(k * tokens, h * head_dim, tokens, head_dim).noalias() = probs.transpose() * d_context;
+        d_probs.resize(tokens, tokens);
+        multiply_transposed(d_context, cache.v.middleCols(h * head_dim, head_dim), d_probs);  // (T, T)
+        multiply_first_transposed(probs, d_context,
+                                  cache.d_v.block(k * tokens, h * head_dim, tokens, head_dim));
         // softmax backward: dS = P (dP - rowsum(dP P)); masked entries have P = 0.
         Vec<Scalar>& row_dot = cache.row_dot[shard];
         row_dot.noalias() = (d_probs.array() * probs.array()).rowwise().sum().matrix();
         d_scores = (probs.array() * (d_probs.colwise() - row_dot).array()) * scale;
-        cache.d_q.block(k * tokens, h * head_dim, tokens, head_dim).noalias() =
-            d_scores * cache.k.middleCols(h * head_dim, head_dim);
-        cache.d_k.block(k * tokens, h * head_dim, tokens, head_dim).noalias() =
-            d_scores.transpose() * cache.q.middleCols(h * head_dim, head_dim);
+        multiply(d_scores, cache.k.middleCols(h * head_dim, head_dim),
+                 cache.d_q.block(k * tokens, h * head_dim, tokens, head_dim));
+        multiply_first_transposed(d_scores, cache.q.middleCols(h * head_dim, head_dim),
+                                  cache.d_k.block(k * tokens, h * head_dim, tokens, head_dim));
       }
     }
     if (!param_grads) return;

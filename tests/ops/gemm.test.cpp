@@ -38,7 +38,9 @@ double worst_relative_error(const Mat<float>& a, const Mat<float>& b, const Mat<
 }
 }  // namespace
 
-TEST_CASE("multiply and multiply_transposed agree with a double-precision product on every tile edge") {
+TEST_CASE(
+    "multiply, multiply_transposed and multiply_first_transposed agree with a double product on every tile "
+    "edge") {
   const Eigen::Index ms[] = {1, 7, 8, 9, 17, 33, 64, 70};
   const Eigen::Index ns[] = {1, 15, 16, 17, 31, 32, 33, 100};
   const Eigen::Index ks[] = {0, 1, 5, 16, 31, 64};
@@ -67,6 +69,12 @@ TEST_CASE("multiply and multiply_transposed agree with a double-precision produc
           multiply_transposed(a, b_t_wide.leftCols(k), c_wide.middleCols(1, n), accumulate);
           const Mat<float> b_t = b_t_wide.leftCols(k).transpose();
           CHECK(worst_relative_error(a, b_t, c_wide.middleCols(1, n), initial, accumulate) < 1e-6);
+
+          const Mat<float> a_t_wide = random_float(k, m + 6, seed++);  // A^T B with A^T a strided block
+          c_wide.middleCols(1, n) = initial;
+          multiply_first_transposed(a_t_wide.middleCols(3, m), b, c_wide.middleCols(1, n), accumulate);
+          const Mat<float> a_from_t = a_t_wide.middleCols(3, m).transpose();
+          CHECK(worst_relative_error(a_from_t, b, c_wide.middleCols(1, n), initial, accumulate) < 1e-6);
           ++cases;
         }
       }
@@ -75,7 +83,7 @@ TEST_CASE("multiply and multiply_transposed agree with a double-precision produc
   CHECK(cases == 8 * 8 * 6 * 2);
 }
 
-TEST_CASE("multiply and multiply_transposed write nothing outside C") {
+TEST_CASE("the three products write nothing outside C") {
   const Mat<float> a = random_float(9, 20, 1), b = random_float(20, 33, 2), b_t = random_float(33, 20, 3);
   Mat<float> c = Mat<float>::Constant(11, 37, 7.0f);
   multiply(a, b, c.block(1, 2, 9, 33));
@@ -84,6 +92,12 @@ TEST_CASE("multiply and multiply_transposed write nothing outside C") {
   CHECK((outside.array() == 7.0f).all());
   c.setConstant(7.0f);
   multiply_transposed(a, b_t, c.block(1, 2, 9, 33), true);
+  outside = c;
+  outside.block(1, 2, 9, 33).setConstant(7.0f);
+  CHECK((outside.array() == 7.0f).all());
+  c.setConstant(7.0f);
+  const Mat<float> a_t = a.transpose();
+  multiply_first_transposed(a_t, b, c.block(1, 2, 9, 33));
   outside = c;
   outside.block(1, 2, 9, 33).setConstant(7.0f);
   CHECK((outside.array() == 7.0f).all());
@@ -145,5 +159,9 @@ TEST_CASE("the double-precision products are Eigen's") {
   CHECK((c - want).cwiseAbs().maxCoeff() < 1e-14);
   multiply_transposed(a, b_t, c, false);
   want = a * b_t.transpose();
+  CHECK((c - want).cwiseAbs().maxCoeff() < 1e-14);
+  const Mat<double> a_t = a.transpose();
+  multiply_first_transposed(a_t, b, c);
+  want = a * b;
   CHECK((c - want).cwiseAbs().maxCoeff() < 1e-14);
 }
