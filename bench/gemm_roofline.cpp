@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <utility>
 
 #include "gradflow/gemm.hpp"
 
@@ -84,36 +85,36 @@ int main() {
   struct Measured {
     double one, two;
   };
-  const auto both = [](auto&& gflops, int m, int k, int n, int repeats) {
-    return Measured{gflops(m, k, n, 1, repeats), gflops(m, k, 2 * n, 2, repeats)};
-  };
+  // Each library on 1 and 2 threads: 2048^3, and a sublayer's 64 x 256 x 1024 per thread (two
+  // threads share a product twice as wide).
   const auto large = [](auto&& gflops) {
     return Measured{gflops(2048, 2048, 2048, 1, 5), gflops(2048, 2048, 2048, 2, 5)};
   };
-  const Measured eigen_large = large(eigen_gflops), blas_large = large(openblas_gflops),
-                 tiled_large = large(tiled_gflops);
-  const Measured eigen_small = both(eigen_gflops, 64, 256, 1024, 2000),
-                 blas_small = both(openblas_gflops, 64, 256, 1024, 2000),
-                 tiled_small = both(tiled_gflops, 64, 256, 1024, 2000);
-  double roofline_one = 0, roofline_two = 0;
-  for (const Measured& m : {eigen_large, blas_large, tiled_large, eigen_small, blas_small, tiled_small}) {
-    roofline_one = std::max(roofline_one, m.one);
-    roofline_two = std::max(roofline_two, m.two);
-  }
-  const auto entry = [](const char* name, const Measured& m) {
-    std::printf("\"%s\": {\"1\": %.1f, \"2\": %.1f}", name, m.one, m.two);
+  const auto sublayer = [](auto&& gflops) {
+    return Measured{gflops(64, 256, 1024, 1, 2000), gflops(64, 256, 2048, 2, 2000)};
   };
-  std::printf("{\"roofline\": {\"1\": %.1f, \"2\": %.1f}, \"large\": {", roofline_one, roofline_two);
-  entry("eigen", eigen_large);
-  std::printf(", ");
-  entry("openblas", blas_large);
-  std::printf(", ");
-  entry("tiled", tiled_large);
-  std::printf("}, \"sublayer\": {");
-  entry("eigen", eigen_small);
-  std::printf(", ");
-  entry("openblas", blas_small);
-  std::printf(", ");
-  entry("tiled", tiled_small);
-  std::printf("}}\n");
+  struct Library {
+    const char* name;
+    Measured large, sublayer;
+  };
+  const Library libraries[] = {{"eigen", large(eigen_gflops), sublayer(eigen_gflops)},
+                               {"openblas", large(openblas_gflops), sublayer(openblas_gflops)},
+                               {"tiled", large(tiled_gflops), sublayer(tiled_gflops)}};
+  double roofline_one = 0, roofline_two = 0;
+  for (const Library& library : libraries) {
+    roofline_one = std::max({roofline_one, library.large.one, library.sublayer.one});
+    roofline_two = std::max({roofline_two, library.large.two, library.sublayer.two});
+  }
+  std::printf("{\"roofline\": {\"1\": %.1f, \"2\": %.1f}", roofline_one, roofline_two);
+  for (const auto& [group, member] :
+       {std::pair{"large", &Library::large}, std::pair{"sublayer", &Library::sublayer}}) {
+    std::printf(", \"%s\": {", group);
+    for (const Library& library : libraries) {
+      const Measured& m = library.*member;
+      std::printf("%s\"%s\": {\"1\": %.1f, \"2\": %.1f}", &library == libraries ? "" : ", ", library.name,
+                  m.one, m.two);
+    }
+    std::printf("}");
+  }
+  std::printf("}\n");
 }
