@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -16,9 +17,9 @@ namespace {
 constexpr int kTileRows = 8;      // rows of the broadcast operand per tile
 constexpr int kTileColumns = 32;  // two vectors of the streamed operand per tile
 
-// sum_p x[r, p] y[p, 0 .. 32) over p in [0, k), for R rows of x (row stride ldx; with XColumns,
-// x is stored transposed: x[r, p] at x[p * ldx + r]) and the columns
-// of y (row stride ldy) that `low`/`high` select; handed to store(r, lanes 0-15, lanes 16-31).
+// sum_p x[r, p] y[p, 0 .. 32) over p in [0, k), for R rows of x and the columns of y that
+// `low`/`high` select; handed to store(r, lanes 0-15, lanes 16-31). x[r, p] is x[r * ldx + p], or
+// x[p * ldx + r] with XColumns (x stored transposed); y[p, j] is y[p * ldy + j].
 // 8 x 2 accumulators: each step loads two vectors of y and broadcasts R scalars of x into 2 R
 // fused multiply-adds, so the loads keep up with the FMA pipes, and y's 32-column strip (k x 128
 // bytes) stays in cache across the row tiles. The sums live in registers only: __m512 may alias
@@ -138,50 +139,31 @@ void transpose(const float* a, Eigen::Index lda, float* a_t, Eigen::Index ld_at,
   }
 }
 
-template <template <int> class Tile, typename... Args>
-void dispatch_rows(Eigen::Index rows, Args... args) {
+// body(std::integral_constant<int, R>) with R = rows, 1 to 8: a tile's row count as a template
+// argument, so that its accumulators are registers.
+template <typename Body>
+void dispatch_rows(Eigen::Index rows, Body&& body) {
   switch (rows) {
     case 8:
-      return Tile<8>::run(args...);
+      return body(std::integral_constant<int, 8>{});
     case 7:
-      return Tile<7>::run(args...);
+      return body(std::integral_constant<int, 7>{});
     case 6:
-      return Tile<6>::run(args...);
+      return body(std::integral_constant<int, 6>{});
     case 5:
-      return Tile<5>::run(args...);
+      return body(std::integral_constant<int, 5>{});
     case 4:
-      return Tile<4>::run(args...);
+      return body(std::integral_constant<int, 4>{});
     case 3:
-      return Tile<3>::run(args...);
+      return body(std::integral_constant<int, 3>{});
     case 2:
-      return Tile<2>::run(args...);
+      return body(std::integral_constant<int, 2>{});
     case 1:
-      return Tile<1>::run(args...);
+      return body(std::integral_constant<int, 1>{});
     default:
       throw std::logic_error("dispatch_rows: a tile has 1 to 8 rows");
   }
 }
-template <int R>
-struct PlainTile {
-  static void run(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
-                  Eigen::Index ldc, Eigen::Index k, Eigen::Index columns, bool accumulate) {
-    tile_plain<R, false>(a, lda, b, ldb, c, ldc, k, columns, accumulate);
-  }
-};
-template <int R>
-struct LeftTransposedTile {
-  static void run(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
-                  Eigen::Index ldc, Eigen::Index k, Eigen::Index columns, bool accumulate) {
-    tile_plain<R, true>(a, lda, b, ldb, c, ldc, k, columns, accumulate);
-  }
-};
-template <int R>
-struct TransposedTile {
-  static void run(const float* b, Eigen::Index ldb, const float* a_t, Eigen::Index ld_at, float* c,
-                  Eigen::Index ldc, Eigen::Index k, Eigen::Index rows, bool accumulate) {
-    tile_transposed<R>(b, ldb, a_t, ld_at, c, ldc, k, rows, accumulate);
-  }
-};
 
 // C (+)= A B^T: A^T (k, m) into this thread's scratch (A is the small operand, token rows; B the
 // weights), then row tiles of B outside (each read from memory once) and strips of A^T inside.
@@ -199,8 +181,10 @@ void transposed_product(const float* a, Eigen::Index lda, const float* b, Eigen:
     for (Eigen::Index m0 = 0; m0 < m; m0 += kTileColumns) {
       const Eigen::Index rows = std::min<Eigen::Index>(kTileColumns, m - m0);
       if (lower_only && m0 + rows <= n0) continue;  // every row i < every column j
-      dispatch_rows<TransposedTile>(tile_rows, b + n0 * ldb, ldb, a_t + m0, ld_at, c + m0 * ldc + n0, ldc, k,
-                                    rows, accumulate);
+      dispatch_rows(tile_rows, [&](auto r) {
+        tile_transposed<decltype(r)::value>(b + n0 * ldb, ldb, a_t + m0, ld_at, c + m0 * ldc + n0, ldc, k,
+                                            rows, accumulate);
+      });
     }
   }
 }
@@ -224,13 +208,15 @@ void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index
       const Eigen::Index columns = std::min<Eigen::Index>(kTileColumns, n - n0);
       for (Eigen::Index m0 = 0; m0 < m; m0 += kTileRows) {
         const Eigen::Index rows = std::min<Eigen::Index>(kTileRows, m - m0);
-        if (a_columns) {
-          dispatch_rows<LeftTransposedTile>(rows, a + m0, lda, b + n0, ldb, c + m0 * ldc + n0, ldc, k,
-                                            columns, accumulate);
-        } else {
-          dispatch_rows<PlainTile>(rows, a + m0 * lda, lda, b + n0, ldb, c + m0 * ldc + n0, ldc, k, columns,
-                                   accumulate);
-        }
+        dispatch_rows(rows, [&](auto r) {
+          if (a_columns) {
+            tile_plain<decltype(r)::value, true>(a + m0, lda, b + n0, ldb, c + m0 * ldc + n0, ldc, k, columns,
+                                                 accumulate);
+          } else {
+            tile_plain<decltype(r)::value, false>(a + m0 * lda, lda, b + n0, ldb, c + m0 * ldc + n0, ldc, k,
+                                                  columns, accumulate);
+          }
+        });
       }
     }
     return;
