@@ -37,8 +37,9 @@ inline TurnSinCos sin_cos_of_turn(float u) {
                  x2 * (1.0f / 120 + x2 * (-1.0f / 5040 + x2 * (1.0f / 362880 + x2 * (-1.0f / 39916800))))));
   const float c =
       1.0f +
-      x2 * (-0.5f + x2 * (1.0f / 24 + x2 * (-1.0f / 720 +
-                                            x2 * (1.0f / 40320 + x2 * (-1.0f / 3628800 + x2 * (1.0f / 479001600))))));
+      x2 * (-0.5f +
+            x2 * (1.0f / 24 + x2 * (-1.0f / 720 +
+                                    x2 * (1.0f / 40320 + x2 * (-1.0f / 3628800 + x2 * (1.0f / 479001600))))));
   // Rotate by the quadrant: (sin, cos) -> (cos, -sin) per quarter turn.
   const bool odd = (quadrant & 1) != 0;
   const float sin_abs = odd ? c : s, cos_abs = odd ? s : c;

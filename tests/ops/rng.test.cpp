@@ -56,8 +56,8 @@ void reference_sin_cos_of_turn(const float* u, float* sine, float* cosine, std::
                    x2 * (1.0f / 120 + x2 * (-1.0f / 5040 + x2 * (1.0f / 362880 + x2 * (-1.0f / 39916800))))));
     const float c =
         1.0f +
-        x2 * (-0.5f + x2 * (1.0f / 24 + x2 * (-1.0f / 720 +
-                                              x2 * (1.0f / 40320 + x2 * (-1.0f / 3628800 + x2 / 479001600)))));
+        x2 * (-0.5f + x2 * (1.0f / 24 + x2 * (-1.0f / 720 + x2 * (1.0f / 40320 +
+                                                                  x2 * (-1.0f / 3628800 + x2 / 479001600)))));
     const bool odd = (quadrant & 1) != 0;
     const float sin_abs = odd ? c : s, cos_abs = odd ? s : c;
     sine[j] = (quadrant >= 2 ? -1.0f : 1.0f) * sin_abs;
@@ -70,15 +70,17 @@ TEST_CASE("the Box-Muller angle's sine and cosine are unchanged for every 24-bit
   // The generator's angle draws are u = k 2^-24, k = 0 .. 2^24 - 1; the faster polynomial
   // (a multiply for the first version's division) must give the same bits for each.
   constexpr std::uint32_t kBatch = 4096;
-  std::vector<float> u(kBatch), sine(kBatch), cosine(kBatch), reference_sine(kBatch), reference_cosine(kBatch);
+  std::vector<float> u(kBatch), sine(kBatch), cosine(kBatch), reference_sine(kBatch),
+      reference_cosine(kBatch);
   std::size_t mismatches = 0;
   for (std::uint32_t first = 0; first < (1u << 24); first += kBatch) {
     for (std::uint32_t i = 0; i < kBatch; ++i) u[i] = static_cast<float>(first + i) * (1.0f / 16777216.0f);
     box_muller_angle(u.data(), sine.data(), cosine.data(), kBatch);
     reference_sin_cos_of_turn(u.data(), reference_sine.data(), reference_cosine.data(), kBatch);
-    mismatches +=
-        static_cast<std::size_t>(std::memcmp(sine.data(), reference_sine.data(), kBatch * sizeof(float)) != 0) +
-        static_cast<std::size_t>(std::memcmp(cosine.data(), reference_cosine.data(), kBatch * sizeof(float)) != 0);
+    mismatches += static_cast<std::size_t>(
+                      std::memcmp(sine.data(), reference_sine.data(), kBatch * sizeof(float)) != 0) +
+                  static_cast<std::size_t>(
+                      std::memcmp(cosine.data(), reference_cosine.data(), kBatch * sizeof(float)) != 0);
   }
   CHECK(mismatches == 0);
 }
