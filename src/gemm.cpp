@@ -165,6 +165,11 @@ void dispatch_rows(Eigen::Index rows, Body&& body) {
   }
 }
 
+// C (m, n) = 0.
+void set_zero(float* c, Eigen::Index ldc, Eigen::Index m, Eigen::Index n) {
+  for (Eigen::Index i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.0f);
+}
+
 // C (+)= A B^T: A^T (k, m) into this thread's scratch (A is the small operand, token rows; B the
 // weights), then row tiles of B outside (each read from memory once) and strips of A^T inside.
 // lower_only skips the tiles wholly above C's diagonal (C = A A^T, read from its lower triangle).
@@ -195,9 +200,7 @@ void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index
                   bool accumulate) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {  // an empty sum
-    if (!accumulate) {
-      for (Eigen::Index i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.0f);
-    }
+    if (!accumulate) set_zero(c, ldc, m, n);
     return;
   }
   if (operands != Operands::a_bt) {
@@ -227,8 +230,8 @@ void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index
 void gram_lower_f32(const float* a, Eigen::Index lda, float* c, Eigen::Index ldc, Eigen::Index m,
                     Eigen::Index k) {
   if (m <= 0) return;
-  if (k <= 0) {
-    for (Eigen::Index i = 0; i < m; ++i) std::fill_n(c + i * ldc, m, 0.0f);
+  if (k <= 0) {  // an empty sum
+    set_zero(c, ldc, m, m);
     return;
   }
   transposed_product(a, lda, a, lda, c, ldc, m, m, k, false, true);

@@ -60,8 +60,8 @@ using ParamGradSquares = std::vector<double>;
 
 // ||X^T dY||_F^2 for dW = X^T dY without forming dW: <X X^T, dY dY^T>_F, with (T, T) Gram
 // matrices, 4-16x fewer FLOPs than the product at T = 64. lower_gram forms at least the lower
-// triangle of rows rows^T (in float on AVX-512 the whole square on the tiled kernel, elsewhere a
-// symmetric rank-k update, half a GEMM); symmetric_inner is <A, B>_F of two
+// triangle of rows rows^T (in float on AVX-512 the tiled kernel's tiles that reach it, elsewhere
+// a symmetric rank-k update, half a GEMM); symmetric_inner is <A, B>_F of two
 // symmetric matrices from their lower triangles. W_Q, W_K and W_V share their input's Gram.
 template <typename Scalar>
 void lower_gram(const Eigen::Ref<const Mat<Scalar>>& rows, Mat<Scalar>& gram);
