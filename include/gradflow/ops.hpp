@@ -68,6 +68,13 @@ void lower_gram(const Eigen::Ref<const Mat<Scalar>>& rows, Mat<Scalar>& gram);
 template <typename Scalar>
 double symmetric_inner(const Mat<Scalar>& a, const Mat<Scalar>& b);
 
+// The Grams that both shards of a backward read, the input x's (item 0) and each probe's d_out
+// (item 1 + k): formed once, item i by shard i % 2, instead of once by each shard. Call from
+// inside run_shards; they are complete for every shard once that run returns.
+template <typename Scalar>
+void shared_input_grams(int shard, const Mat<Scalar>& x, const Mat<Scalar>& d_out,
+                        std::vector<Mat<Scalar>>& grams);
+
 // The ops below take an optional ShardPair and always split their work in the same two halves
 // (shards.hpp); shard boundaries over features fall on multiples of this many columns.
 inline constexpr long long kShardGranule = 16;
@@ -121,6 +128,7 @@ struct AttentionCache {             // what the forward saves for the backward, 
   Mat<Scalar> d_q_raw, d_k_raw, d_v_raw;        // (K*T, d) scratch of the normalised projections
   Mat<Scalar> d_probs[2], d_scores[2];          // (T, T) scratch, one per shard
   Mat<Scalar> grams[2][2];                      // each shard's (T, T) Gram scratch
+  std::vector<Mat<Scalar>> shared_grams;        // shared_input_grams: x's, then d_out's per probe
   Vec<Scalar> row_dot[2];                       // each shard's softmax-backward row sums
   ShardPartials<Scalar> partials;
 };
@@ -150,7 +158,9 @@ struct FfnCache {
   Mat<Scalar> hidden_pre;                            // (T, 4d) x W_1
   Mat<Scalar> hidden;                                // (T, 4d) gelu(x W_1)
   Mat<Scalar> d_hidden, d_hidden_pre;                // (K*T, 4d) scratch
-  Mat<Scalar> grams[2][3];                           // each shard's (T, T) Gram scratch
+  Mat<Scalar> hidden_grams[2];                       // each shard's (T, T) Gram of its hidden units
+  std::vector<Mat<Scalar>> pre_grams[2];             // each shard's d(x W_1) Grams, one per probe
+  std::vector<Mat<Scalar>> shared_grams;             // shared_input_grams: x's, then d_out's per probe
   Eigen::Array<Scalar, 1, Eigen::Dynamic> slope[2];  // each shard's row of GELU slopes
   ShardPartials<Scalar> partials;
 };

@@ -112,6 +112,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
   const Eigen::Index rows = d_out.rows(), probes = rows / tokens;
   const Scalar scale = static_cast<Scalar>(options.score_scale);
   for (Mat<Scalar>* m : {&cache.d_context, &cache.d_q, &cache.d_k, &cache.d_v}) m->resize(rows, width);
+  if (param_grads) cache.shared_grams.resize(1 + probes);
   // ||dW||^2 = <input input^T, d_output d_output^T> over one shard's columns of d_output.
   const auto add_param_grads = [&](int shard, const Mat<Scalar>& input_gram, const auto& d_output) {
     Mat<Scalar>& output_gram = cache.grams[shard][1];
@@ -155,9 +156,8 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
       }
     }
     if (!param_grads) return;
-    Mat<Scalar>& context_gram = cache.grams[shard][0];
-    lower_gram<Scalar>(cache.context.middleCols(begin, size), context_gram);
-    add_param_grads(shard, context_gram, d_out);  // W_O: its rows of this shard
+    lower_gram<Scalar>(cache.context.middleCols(begin, size), cache.grams[shard][0]);
+    shared_input_grams(shard, x, d_out, cache.shared_grams);  // read by both shards in phase 2
   });
   // Back through the q/k/v norms, which may span all heads, between the phases.
   const auto& d_q_raw = projection_backward(options, false, cache.q, cache.q_inv, cache.d_q, cache.d_q_raw);
@@ -173,8 +173,11 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     multiply_transposed(d_k_raw.middleCols(begin, size), w.w_k.middleCols(begin, size), partial, true);
     multiply_transposed(d_v_raw.middleCols(begin, size), w.w_v.middleCols(begin, size), partial, true);
     if (!param_grads) return;
-    Mat<Scalar>& x_gram = cache.grams[shard][0];  // W_Q, W_K and W_V share their input x
-    lower_gram<Scalar>(x, x_gram);
+    auto& squares = cache.partials.param_grads[shard];
+    for (Eigen::Index k = 0; k < probes; ++k) {  // W_O: its rows of this shard, <C C^T, dY dY^T>
+      squares[k] += symmetric_inner(cache.grams[shard][0], cache.shared_grams[1 + k]);
+    }
+    const Mat<Scalar>& x_gram = cache.shared_grams[0];  // W_Q, W_K and W_V share their input x
     add_param_grads(shard, x_gram, d_q_raw.middleCols(begin, size));
     add_param_grads(shard, x_gram, d_k_raw.middleCols(begin, size));
     add_param_grads(shard, x_gram, d_v_raw.middleCols(begin, size));

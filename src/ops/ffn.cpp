@@ -85,6 +85,19 @@ double symmetric_inner(const Mat<Scalar>& a, const Mat<Scalar>& b) {
   return diagonal + 2.0 * below;
 }
 
+template <typename Scalar>
+void shared_input_grams(int shard, const Mat<Scalar>& x, const Mat<Scalar>& d_out,
+                        std::vector<Mat<Scalar>>& grams) {
+  const Eigen::Index tokens = x.rows(), probes = d_out.rows() / tokens;
+  for (Eigen::Index item = shard; item < 1 + probes; item += ShardPair::kShards) {
+    if (item == 0) {
+      lower_gram<Scalar>(x, grams[0]);
+    } else {
+      lower_gram<Scalar>(d_out.middleRows((item - 1) * tokens, tokens), grams[item]);
+    }
+  }
+}
+
 // Shard s owns hidden units [begin, end): columns of W_1 and rows of W_2 (Megatron-LM's split,
 // arXiv 1909.08053 Sec. 3), so each shard's output is a partial sum and nothing is exchanged
 // until the end.
@@ -115,6 +128,10 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
   const Eigen::Index probes = rows / tokens;
   cache.d_hidden.resize(rows, hidden);
   cache.d_hidden_pre.resize(rows, hidden);
+  if (param_grads) {
+    cache.shared_grams.resize(1 + probes);
+    for (auto& grams : cache.pre_grams) grams.resize(probes);
+  }
   run_shards(shards, [&](int shard) {
     const ShardRange units = shard_range(hidden, shard, kShardGranule);
     const auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
@@ -132,22 +149,26 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
         dots[k] = row_major_dot(d_hidden.middleRows(k * tokens, tokens), hidden);
       }
     }
-    auto& squares = cache.partials.param_grads[shard];
-    squares.assign(probes, 0.0);
+    cache.partials.param_grads[shard].assign(probes, 0.0);
     if (!param_grads) return;
-    // ||dW_2||^2 = <H H^T, dY dY^T> and ||dW_1||^2 = <X X^T, dH dH^T>, each over this shard's units.
-    Mat<Scalar>& x_gram = cache.grams[shard][0];
-    Mat<Scalar>& hidden_gram = cache.grams[shard][1];
-    Mat<Scalar>& output_gram = cache.grams[shard][2];
-    lower_gram<Scalar>(x, x_gram);
-    lower_gram<Scalar>(cache.hidden.middleCols(units.begin, units.size()), hidden_gram);
+    shared_input_grams(shard, x, d_out, cache.shared_grams);
+    lower_gram<Scalar>(cache.hidden.middleCols(units.begin, units.size()), cache.hidden_grams[shard]);
     for (Eigen::Index k = 0; k < probes; ++k) {
-      lower_gram<Scalar>(d_out.middleRows(k * tokens, tokens), output_gram);
-      squares[k] = symmetric_inner(hidden_gram, output_gram);
-      lower_gram<Scalar>(d_pre.middleRows(k * tokens, tokens), output_gram);
-      squares[k] += symmetric_inner(x_gram, output_gram);
+      lower_gram<Scalar>(d_pre.middleRows(k * tokens, tokens), cache.pre_grams[shard][k]);
     }
   });
+  if (param_grads) {
+    // ||dW_2||^2 = <H H^T, dY dY^T> and ||dW_1||^2 = <X X^T, dH dH^T>, each over a shard's units,
+    // once both shards' Grams are complete.
+    const auto& x_gram = cache.shared_grams[0];
+    for (int shard = 0; shard < ShardPair::kShards; ++shard) {
+      auto& squares = cache.partials.param_grads[shard];
+      for (Eigen::Index k = 0; k < probes; ++k) {
+        squares[k] = symmetric_inner(cache.hidden_grams[shard], cache.shared_grams[1 + k]);
+        squares[k] += symmetric_inner(x_gram, cache.pre_grams[shard][k]);
+      }
+    }
+  }
   cache.partials.add_into(dx, probes, param_grads, output_dots);
 }
 
@@ -187,6 +208,8 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
                                      std::vector<double>*);                                                 \
   template void lower_gram<Scalar>(const Eigen::Ref<const Mat<Scalar>>&, Mat<Scalar>&);                     \
   template double symmetric_inner<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&);                          \
+  template void shared_input_grams<Scalar>(int, const Mat<Scalar>&, const Mat<Scalar>&,                     \
+                                           std::vector<Mat<Scalar>>&);                                      \
   template void ffn_jvp<Scalar>(const SublayerWeights<Scalar>&, FfnCache<Scalar>&, const Mat<Scalar>&,      \
                                 Mat<Scalar>&);                                                              \
   template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                 \
