@@ -119,7 +119,7 @@ struct AttentionOptions {
 };
 template <typename Scalar>
 struct AttentionCache {             // what the forward saves for the backward, plus backward scratch
-  Mat<Scalar> q_raw, k_raw, v_raw;  // (T, d) projections before any q/k/v norm
+  Mat<Scalar> q_raw, k_raw, v_raw;  // (T, d) scratch: projections before any q/k/v norm
   Mat<Scalar> q, k, v;              // (T, d) after it
   Mat<Scalar> q_inv, k_inv, v_inv;  // norm statistics
   std::vector<Mat<Scalar>> probs;   // heads x (T, T) softmax outputs

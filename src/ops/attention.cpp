@@ -9,10 +9,11 @@
 namespace gradflow {
 
 namespace {
-// Applies the option's normalisation to one projection (or copies it through).
+// Applies the option's normalisation to one projection, or moves it through: raw is scratch, and
+// an unnormalised projection swaps buffers with out instead of being copied.
 template <typename Scalar>
-void normalize_projection(const AttentionOptions& options, bool is_value, const Mat<Scalar>& raw,
-                          Mat<Scalar>& out, Mat<Scalar>& inv) {
+void normalize_projection(const AttentionOptions& options, bool is_value, Mat<Scalar>& raw, Mat<Scalar>& out,
+                          Mat<Scalar>& inv) {
   switch (options.qkv_norm) {
     case QkvNorm::per_head_qkv:
       norm_forward(options.norm, options.heads, raw, out, inv);
@@ -26,7 +27,7 @@ void normalize_projection(const AttentionOptions& options, bool is_value, const 
     case QkvNorm::none:
       break;
   }
-  out = raw;
+  out.swap(raw);
 }
 
 // d_raw = (d normalisation)^T d_out, or d_out itself when the projection is not normalised.
