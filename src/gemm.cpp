@@ -236,7 +236,53 @@ void gram_lower_f32(const float* a, Eigen::Index lda, float* c, Eigen::Index ldc
   }
   transposed_product(a, lda, a, lda, c, ldc, m, m, k, false, true);
 }
+
+namespace {
+// C[i0 .. i0 + 16, j0 .. j0 + J) = sum_p a[i0 .., p] a[j0 + b, p]: 16 rows as two vectors of a
+// column of A, times J broadcast entries of the same column; rows past m masked off.
+template <int J>
+void gram_tile_f64(const double* a, Eigen::Index lda, double* c, Eigen::Index ldc, Eigen::Index k,
+                   Eigen::Index i0, Eigen::Index j0, __mmask8 low, __mmask8 high) {
+  __m512d sum0[J], sum1[J];
+  for (int b = 0; b < J; ++b) sum0[b] = sum1[b] = _mm512_setzero_pd();
+  for (Eigen::Index p = 0; p < k; ++p) {
+    const double* column = a + p * lda;
+    const __m512d x0 = _mm512_maskz_loadu_pd(low, column + i0);
+    const __m512d x1 = _mm512_maskz_loadu_pd(high, column + i0 + 8);
+    for (int b = 0; b < J; ++b) {
+      const __m512d s = _mm512_set1_pd(column[j0 + b]);
+      sum0[b] = _mm512_fmadd_pd(x0, s, sum0[b]);
+      sum1[b] = _mm512_fmadd_pd(x1, s, sum1[b]);
+    }
+  }
+  for (int b = 0; b < J; ++b) {
+    _mm512_mask_storeu_pd(c + (j0 + b) * ldc + i0, low, sum0[b]);
+    _mm512_mask_storeu_pd(c + (j0 + b) * ldc + i0 + 8, high, sum1[b]);
+  }
+}
+}  // namespace
+
+void gram_lower_f64(const double* a, Eigen::Index lda, double* c, Eigen::Index ldc, Eigen::Index m,
+                    Eigen::Index k) {
+  if (m <= 0) return;
+  for (Eigen::Index j = 0; j < m; ++j) std::fill_n(c + j * ldc, m, 0.0);  // also the sum over no k
+  if (k <= 0) return;
+  const auto mask = [](Eigen::Index lanes) {
+    return lanes >= 8 ? __mmask8(0xFF) : lanes <= 0 ? __mmask8(0) : __mmask8((1u << lanes) - 1u);
+  };
+  for (Eigen::Index i0 = 0; i0 < m; i0 += 16) {
+    const __mmask8 low = mask(m - i0), high = mask(m - i0 - 8);
+    for (Eigen::Index j0 = 0; j0 < std::min(i0 + 16, m); j0 += 8) {  // tiles reaching the lower triangle
+      dispatch_rows(std::min<Eigen::Index>(8, m - j0), [&](auto columns) {
+        gram_tile_f64<decltype(columns)::value>(a, lda, c, ldc, k, i0, j0, low, high);
+      });
+    }
+  }
+}
 #else
+void gram_lower_f64(const double*, Eigen::Index, double*, Eigen::Index, Eigen::Index, Eigen::Index) {
+  throw std::logic_error("gram_lower_f64 needs an AVX-512 build");
+}
 void multiply_f32(const float*, Eigen::Index, const float*, Eigen::Index, float*, Eigen::Index, Eigen::Index,
                   Eigen::Index, Eigen::Index, Operands, bool) {
   throw std::logic_error("multiply_f32 needs an AVX-512 build");

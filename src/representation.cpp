@@ -6,6 +6,7 @@
 #include <limits>
 #include <numbers>
 
+#include "gradflow/gemm.hpp"
 #include "gradflow/symmetric_eigenvalues.hpp"
 
 namespace gradflow {
@@ -48,7 +49,11 @@ double mean_token_cosine(const Eigen::MatrixXd& unit) {
 double effective_rank(const Eigen::MatrixXd& rows) {
   // The lower triangle only (half the products); the eigensolver reads no more.
   Eigen::MatrixXd gram;
-  if (rows.rows() <= rows.cols()) {
+  if (rows.rows() <= rows.cols() && kTiledMultiply) {  // the same sums as BLAS's dsyrk, in half the time
+    gram.resize(rows.rows(), rows.rows());
+    gram_lower_f64(rows.data(), rows.outerStride(), gram.data(), gram.outerStride(), rows.rows(),
+                   rows.cols());
+  } else if (rows.rows() <= rows.cols()) {
     gram.setZero(rows.rows(), rows.rows());
     gram.selfadjointView<Eigen::Lower>().rankUpdate(rows);
   } else {

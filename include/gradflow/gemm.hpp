@@ -26,6 +26,13 @@ void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index
 void gram_lower_f32(const float* a, Eigen::Index lda, float* c, Eigen::Index ldc, Eigen::Index m,
                     Eigen::Index k);
 
+// The lower triangle of C = A A^T in double, A (m, k) and C (m, m) column-major (Eigen's default
+// layout; the representation figures' Gram matrices): each entry one sum over k in order. Tiles
+// wholly above the diagonal are skipped, so above it C holds the Gram's entries or zeros. AVX-512
+// builds only.
+void gram_lower_f64(const double* a, Eigen::Index lda, double* c, Eigen::Index ldc, Eigen::Index m,
+                    Eigen::Index k);
+
 #if defined(__AVX512F__)
 inline constexpr bool kTiledMultiply = true;
 #else

@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -147,6 +148,33 @@ TEST_CASE("lower_gram's lower triangle is the Gram matrix, in float and double")
           want.triangularView<Eigen::Lower>().toDenseMatrix(), 1e-12));
       CHECK(symmetric_inner(gram, gram) ==
             doctest::Approx(symmetric_inner(gram_double, gram_double)).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("gram_lower_f64 is the in-order sum of each lower entry; above it, that sum or zero") {
+  if (!kTiledMultiply) return;
+  for (const Eigen::Index m : {1, 7, 8, 9, 16, 17, 33, 64, 70}) {
+    for (const Eigen::Index k : {0, 1, 5, 256, 300}) {
+      CAPTURE(m);
+      CAPTURE(k);
+      // A (m, k) column-major inside a taller block (lda > m), C inside a taller block too.
+      const Eigen::MatrixXd tall = random_matrix(m + 5, k, static_cast<unsigned>(m * 100 + k), 1.0);
+      Eigen::MatrixXd c = Eigen::MatrixXd::Constant(m + 3, m, 1e300);
+      gram_lower_f64(tall.data(), tall.outerStride(), c.data(), c.outerStride(), m, k);
+      bool exact = true, sum_or_zero_above = true, untouched_below = true;
+      for (Eigen::Index j = 0; j < m; ++j) {
+        for (Eigen::Index i = 0; i < m; ++i) {
+          double sum = 0;  // the kernel's order: p ascending, one fused multiply-add each
+          for (Eigen::Index p = 0; p < k; ++p) sum = std::fma(tall(i, p), tall(j, p), sum);
+          if (i >= j) exact = exact && c(i, j) == sum;
+          if (i < j) sum_or_zero_above = sum_or_zero_above && (c(i, j) == sum || c(i, j) == 0.0);
+        }
+        for (Eigen::Index i = m; i < m + 3; ++i) untouched_below = untouched_below && c(i, j) == 1e300;
+      }
+      CHECK(exact);
+      CHECK(sum_or_zero_above);
+      CHECK(untouched_below);
     }
   }
 }
