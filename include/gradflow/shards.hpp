@@ -39,8 +39,11 @@ class ShardPair {
   void set_idle_work(IdleWork* work);
   void clear_idle_work();
 
-  // Runs work(0) on the calling thread and work(1) on the second core (or after work(0)), and
-  // returns when both are done. work must not throw.
+  // Runs work(0) on the calling thread and work(1) on the second core, and returns when both are
+  // done. If the second core has not taken work(1) by the time work(0) is done (it is descheduled:
+  // another process has the core), the calling thread runs it too. Either way each shard runs
+  // exactly once, with the same results. Without a second core, work(1) runs after work(0).
+  // work must not throw.
   template <typename Work>
   void run(Work&& work) {
     if (!worker_.joinable()) {
@@ -61,6 +64,11 @@ class ShardPair {
     posted_.store(epoch, std::memory_order_release);
     posted_.notify_one();
     own();
+    std::uint32_t unclaimed = epoch - 1;
+    if (claimed_.compare_exchange_strong(unclaimed, epoch, std::memory_order_acq_rel)) {
+      task_(context_, 1);  // the second core never took it: run it here
+      return;
+    }
     wait_until_finished(epoch);
   }
   void wait_until_finished(std::uint32_t epoch);
@@ -71,7 +79,8 @@ class ShardPair {
   void (*task_)(void*, int) = nullptr;
   void* context_ = nullptr;
   std::atomic<std::uint32_t> posted_{0};    // epochs handed to the worker
-  std::atomic<std::uint32_t> finished_{0};  // epochs the worker has completed
+  std::atomic<std::uint32_t> claimed_{0};   // the last epoch whose shard 1 a thread has taken
+  std::atomic<std::uint32_t> finished_{0};  // the last epoch whose shard 1 the worker has completed
   std::atomic<bool> stop_{false};
   std::atomic<IdleWork*> idle_{nullptr};
   std::atomic<int> idle_users_{0};  // 1 while the second core is inside idle_->step()
