@@ -151,10 +151,22 @@ def main():
     configurations = [(1024, 1), (1024, 2)] + [(depth, 2) for depth in depths if depth != 1024]
     samples = {configuration: [] for configuration in configurations}
     torch_samples = []
+    # The machine's speed at each round's start and end, by a half-second probe of gradflow's kernel:
+    # the host of a shared machine sometimes puts both vCPUs on one physical core, which halves
+    # what two threads can do, for minutes at a time. Recorded, not used to select runs.
+    def probe():
+        return json.loads(subprocess.run([roofline_tool, "--probe"], capture_output=True, text=True,
+                                         check=True).stdout)
+
+    results["rounds"] = []
     for round_index in range(args.repeats):
+        probe_start = probe()
         for depth, threads in configurations:
             for _ in range(3 if depth < 1024 else 1):
                 samples[(depth, threads)].append(gradflow_once(depth, threads))
+        results["rounds"].append({"probe_gflops_start": probe_start, "probe_gflops_end": probe(),
+                                  "gradflow_1024_2_seconds": samples[(1024, 2)][-1][0],
+                                  "gradflow_1024_1_seconds": samples[(1024, 1)][-1][0]})
         if not args.skip_torch:
             seconds, rss, _ = run_measured([sys.executable, "-c", TORCH_SCRIPT, str(args.torch_depth), "2"])
             torch_samples.append((seconds, rss))
@@ -217,6 +229,11 @@ def main():
         print(f"seconds per block by depth ({label}): " +
               ", ".join(f"{d}: {s * 1e3:.2f} ms" for d, s in per_block.items()) +
               f"; largest deviation from their median: {100 * deviation:.1f}%")
+    print("machine probe by round (gradflow's kernel at a sublayer's shape, GFLOP/s on 2 threads at the round's "
+          "start / end) and that round's depth-1024 times on 2 / 1 threads: " +
+          "; ".join(f"{r['probe_gflops_start']['2']:.0f} / {r['probe_gflops_end']['2']:.0f}: "
+                    f"{r['gradflow_1024_2_seconds']:.2f} / {r['gradflow_1024_1_seconds']:.2f} s"
+                    for r in results["rounds"]))
     if "speedup_vs_pytorch" in results:
         print(f"gradflow vs PyTorch at depth {args.torch_depth}: {results['speedup_vs_pytorch']:.1f}x faster, "
               f"{results['rss_ratio_vs_pytorch']:.1f}x less memory")
