@@ -151,7 +151,8 @@ def main():
     configurations = [(1024, 1), (1024, 2)] + [(depth, 2) for depth in depths if depth != 1024]
     samples = {configuration: [] for configuration in configurations}
     torch_samples = []
-    # The machine's speed at each round's start and end, by a half-second probe of gradflow's kernel:
+    # The machine's speed at each round's start and end, by a two-second probe of gradflow's kernel (its sustained
+    # GFLOP/s, not its best repeat):
     # the host of a shared machine sometimes puts both vCPUs on one physical core, which halves
     # what two threads can do, for minutes at a time. Recorded, not used to select runs.
     def probe():
