@@ -151,10 +151,10 @@ def main():
     configurations = [(1024, 1), (1024, 2)] + [(depth, 2) for depth in depths if depth != 1024]
     samples = {configuration: [] for configuration in configurations}
     torch_samples = []
-    # The machine's speed at each round's start and end, by a two-second probe of gradflow's kernel (its sustained
-    # GFLOP/s, not its best repeat):
-    # the host of a shared machine sometimes puts both vCPUs on one physical core, which halves
-    # what two threads can do, for minutes at a time. Recorded, not used to select runs.
+    # The machine's speed at each round's start and end, by a two-second probe of gradflow's kernel
+    # (its sustained GFLOP/s, not its best repeat): the host of a shared machine sometimes puts both
+    # vCPUs on one physical core, which halves what two threads can do, for minutes at a time.
+    # Recorded, not used to select runs.
     def probe():
         return json.loads(subprocess.run([roofline_tool, "--probe"], capture_output=True, text=True,
                                          check=True).stdout)
