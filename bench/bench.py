@@ -151,13 +151,17 @@ def main():
     configurations = [(1024, 1), (1024, 2)] + [(depth, 2) for depth in depths if depth != 1024]
     samples = {configuration: [] for configuration in configurations}
     torch_samples = []
-    # The machine's speed at each round's start and end, by a two-second probe of gradflow's kernel
-    # (its sustained GFLOP/s, not its best repeat): the host of a shared machine sometimes puts both
-    # vCPUs on one physical core, which halves what two threads can do, for minutes at a time.
+    # The machine's state at each round's start and end: a two-second probe of gradflow's kernel on
+    # 1 and 2 threads (sustained GFLOP/s; a host that put both vCPUs on one physical core would halve
+    # the 2-thread figure) and a half-second probe of how fast one core hands 1 MB to the other (a
+    # host that places the vCPUs far apart triples it, and then --threads 2 runs 1.5x slower).
     # Recorded, not used to select runs.
+    probe_tool = os.path.join(os.path.dirname(args.gradflow), "gradflow_machine_probe")
+
     def probe():
-        return json.loads(subprocess.run([roofline_tool, "--probe"], capture_output=True, text=True,
-                                         check=True).stdout)
+        def run(command):
+            return json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+        return {"gemm_gflops": run([roofline_tool, "--probe"]), "handoff": run([probe_tool])}
 
     results["rounds"] = []
     for round_index in range(args.repeats):
@@ -165,7 +169,7 @@ def main():
         for depth, threads in configurations:
             for _ in range(3 if depth < 1024 else 1):
                 samples[(depth, threads)].append(gradflow_once(depth, threads))
-        results["rounds"].append({"probe_gflops_start": probe_start, "probe_gflops_end": probe(),
+        results["rounds"].append({"probe_start": probe_start, "probe_end": probe(),
                                   "gradflow_1024_2_seconds": samples[(1024, 2)][-1][0],
                                   "gradflow_1024_1_seconds": samples[(1024, 1)][-1][0]})
         if not args.skip_torch:
@@ -230,11 +234,14 @@ def main():
         print(f"seconds per block by depth ({label}): " +
               ", ".join(f"{d}: {s * 1e3:.2f} ms" for d, s in per_block.items()) +
               f"; largest deviation from their median: {100 * deviation:.1f}%")
-    print("machine probe by round (gradflow's kernel at a sublayer's shape, GFLOP/s on 2 threads at the round's "
-          "start / end) and that round's depth-1024 times on 2 / 1 threads: " +
-          "; ".join(f"{r['probe_gflops_start']['2']:.0f} / {r['probe_gflops_end']['2']:.0f}: "
-                    f"{r['gradflow_1024_2_seconds']:.2f} / {r['gradflow_1024_1_seconds']:.2f} s"
-                    for r in results["rounds"]))
+    print("machine probes by round, at its start / end (gradflow's kernel on 2 threads, GFLOP/s; one core "
+          "handing 1 MB to the other, microseconds a round trip), and the round's depth-1024 times on 2 / 1 "
+          "threads:")
+    for index, r in enumerate(results["rounds"]):
+        start, end = r["probe_start"], r["probe_end"]
+        print(f"  round {index + 1}: {start['gemm_gflops']['2']:.0f} / {end['gemm_gflops']['2']:.0f} GFLOP/s, "
+              f"{start['handoff']['handoff_us']:.0f} / {end['handoff']['handoff_us']:.0f} us; "
+              f"{r['gradflow_1024_2_seconds']:.2f} / {r['gradflow_1024_1_seconds']:.2f} s")
     if "speedup_vs_pytorch" in results:
         print(f"gradflow vs PyTorch at depth {args.torch_depth}: {results['speedup_vs_pytorch']:.1f}x faster, "
               f"{results['rss_ratio_vs_pytorch']:.1f}x less memory")
