@@ -28,33 +28,25 @@ bool same_bits(const Mat<float>& a, const Mat<float>& b) {
 }
 }  // namespace
 
-TEST_CASE("ShardPair runs each shard exactly once; the second core takes shard 1 when it can") {
-  for (const bool second_core : {false, true}) {
-    ShardPair shards(second_core);
-    int on_other_thread = 0;
-    for (int round = 0; round < 100; ++round) {
-      std::atomic<int> runs[2] = {0, 0};
-      std::thread::id ids[2];
-      shards.run([&](int shard) {
-        runs[shard].fetch_add(1);
-        ids[shard] = std::this_thread::get_id();
-        // Shard 0 waits (up to a second) for shard 1 to start, so that a second core that is
-        // running at all takes shard 1 rather than the calling thread after shard 0.
-        const auto start = std::chrono::steady_clock::now();
-        while (shard == 0 && second_core && runs[1].load() == 0 &&
-               std::chrono::steady_clock::now() - start < std::chrono::seconds(1)) {
-        }
-      });
-      REQUIRE(runs[0].load() == 1);
-      REQUIRE(runs[1].load() == 1);
-      CHECK(ids[0] == std::this_thread::get_id());
-      on_other_thread += ids[1] != ids[0];
-    }
-    CHECK(on_other_thread == (second_core ? 100 : 0));
-  }
-}
-
 namespace {
+// One ShardPair::run that records how often and on which thread each shard ran. With
+// wait_for_shard_1, shard 0 waits (up to a second) for shard 1 to start, so that a second core
+// that is running at all takes shard 1 rather than the calling thread after shard 0.
+struct RecordedRun {
+  std::atomic<int> runs[2] = {0, 0};
+  std::thread::id ids[2];
+  RecordedRun(ShardPair& shards, bool wait_for_shard_1) {
+    shards.run([&](int shard) {
+      runs[shard].fetch_add(1);
+      ids[shard] = std::this_thread::get_id();
+      const auto start = std::chrono::steady_clock::now();
+      while (shard == 0 && wait_for_shard_1 && runs[1].load() == 0 &&
+             std::chrono::steady_clock::now() - start < std::chrono::seconds(1)) {
+      }
+    });
+  }
+};
+
 // Idle work whose one step blocks until released: keeps the second core busy (as if another
 // process had it) while the caller runs shards.
 struct BlockingStep final : IdleWork {
@@ -68,38 +60,39 @@ struct BlockingStep final : IdleWork {
 };
 }  // namespace
 
+TEST_CASE("ShardPair runs each shard exactly once; the second core takes shard 1 when it can") {
+  for (const bool second_core : {false, true}) {
+    ShardPair shards(second_core);
+    int on_other_thread = 0;
+    for (int round = 0; round < 100; ++round) {
+      const RecordedRun run(shards, second_core);
+      REQUIRE(run.runs[0].load() == 1);
+      REQUIRE(run.runs[1].load() == 1);
+      CHECK(run.ids[0] == std::this_thread::get_id());
+      on_other_thread += run.ids[1] != run.ids[0];
+    }
+    CHECK(on_other_thread == (second_core ? 100 : 0));
+  }
+}
+
 TEST_CASE("ShardPair runs shard 1 on the calling thread when the second core does not take it") {
   ShardPair shards(true);
   BlockingStep blocker;
   shards.set_idle_work(&blocker);
   while (!blocker.entered.load()) std::this_thread::yield();  // the second core is now stuck
   for (int round = 0; round < 10; ++round) {
-    std::atomic<int> runs[2] = {0, 0};
-    std::thread::id ids[2];
-    shards.run([&](int shard) {
-      runs[shard].fetch_add(1);
-      ids[shard] = std::this_thread::get_id();
-    });
-    REQUIRE(runs[0].load() == 1);
-    REQUIRE(runs[1].load() == 1);
-    CHECK(ids[1] == std::this_thread::get_id());
+    const RecordedRun run(shards, false);
+    REQUIRE(run.runs[0].load() == 1);
+    REQUIRE(run.runs[1].load() == 1);
+    CHECK(run.ids[1] == std::this_thread::get_id());
   }
   blocker.released.store(true);
   shards.clear_idle_work();
   // Once free, the second core skips the epochs the caller ran and takes the next one.
-  std::atomic<int> runs[2] = {0, 0};
-  std::thread::id ids[2];
-  shards.run([&](int shard) {
-    runs[shard].fetch_add(1);
-    ids[shard] = std::this_thread::get_id();
-    const auto start = std::chrono::steady_clock::now();
-    while (shard == 0 && runs[1].load() == 0 &&
-           std::chrono::steady_clock::now() - start < std::chrono::seconds(1)) {
-    }
-  });
-  CHECK(runs[0].load() == 1);
-  CHECK(runs[1].load() == 1);
-  CHECK(ids[1] != std::this_thread::get_id());
+  const RecordedRun run(shards, true);
+  CHECK(run.runs[0].load() == 1);
+  CHECK(run.runs[1].load() == 1);
+  CHECK(run.ids[1] != std::this_thread::get_id());
 }
 
 TEST_CASE("shard_range splits at a granule boundary and covers every item once") {
