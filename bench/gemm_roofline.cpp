@@ -77,7 +77,9 @@ double tiled_gflops_of(int m, int k, int n, int threads, int repeats, bool susta
       gradflow::multiply(a, b.middleCols(begin, end - begin), c.middleCols(begin, end - begin));
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (r > 0) best = std::max(best, 2.0 * m * k * n / seconds / 1e9), total_seconds += seconds;
+    if (r == 0) continue;
+    best = std::max(best, 2.0 * m * k * n / seconds / 1e9);
+    total_seconds += seconds;
   }
   return sustained ? 2.0 * m * k * n * repeats / total_seconds / 1e9 : best;
 }
