@@ -32,7 +32,11 @@ void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arc
                               std::uint64_t seed, SublayerWeights<Scalar>& weights) {
   matrix_count_ = 0;
   total_chunks_ = 0;
-  const auto add = [&](Mat<Scalar>& m, Eigen::Index rows, Eigen::Index cols, WeightMatrix which) {
+  for (auto& chunks : chunks_) chunks.clear();  // keeps its capacity: no allocation once sizes are set
+  // split_row: the first row of shard 1 for a matrix split between the shards by rows, or 0 for one
+  // split by columns.
+  const auto add = [&](Mat<Scalar>& m, Eigen::Index rows, Eigen::Index cols, WeightMatrix which,
+                       Eigen::Index split_row) {
     m.resize(rows, cols);
     const double gain = arch.init_gain ? arch.init_gain(ctx, which) : 1.0;
     const double stddev = base_stddev(config, which, rows, cols) * gain;
@@ -40,27 +44,38 @@ void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arc
     matrices_[matrix_count_++] = {
         m.data(), stream_key(seed, RandomUse::weight, ctx.sublayer, static_cast<std::uint64_t>(which)),
         static_cast<Scalar>(stddev), size, total_chunks_};
-    total_chunks_ += static_cast<int>((size + kNormalChunk - 1) / kNormalChunk);
+    const int count = static_cast<int>((size + kNormalChunk - 1) / kNormalChunk);
+    for (int c = 0; c < count; ++c) {
+      const auto first_row = static_cast<Eigen::Index>(c * kNormalChunk / cols);
+      const int thread = split_row > 0 ? (first_row >= split_row ? 1 : 0) : (2 * c >= count ? 1 : 0);
+      chunks_[thread].push_back(total_chunks_ + c);
+    }
+    total_chunks_ += count;
   };
   const Eigen::Index d = config.width, hidden = config.ffn_hidden();
   if (ctx.kind == SublayerKind::attn) {
-    add(weights.w_q, d, d, WeightMatrix::q);
-    add(weights.w_k, d, d, WeightMatrix::k);
-    add(weights.w_v, d, d, WeightMatrix::v);
-    add(weights.w_o, d, d, WeightMatrix::o);
+    const Eigen::Index heads_in_shard_0 = shard_range(config.heads, 0).end;  // attention's head split
+    add(weights.w_q, d, d, WeightMatrix::q, 0);
+    add(weights.w_k, d, d, WeightMatrix::k, 0);
+    add(weights.w_v, d, d, WeightMatrix::v, 0);
+    add(weights.w_o, d, d, WeightMatrix::o, heads_in_shard_0 * (d / config.heads));
   } else {
-    add(weights.w_1, d, hidden, WeightMatrix::up);
-    add(weights.w_2, hidden, d, WeightMatrix::down);
+    add(weights.w_1, d, hidden, WeightMatrix::up, 0);
+    add(weights.w_2, hidden, d, WeightMatrix::down, shard_range(hidden, 0, kShardGranule).end);
   }
   done_.store(0, std::memory_order_relaxed);
-  next_.store(0, std::memory_order_release);
+  next_[0].store(0, std::memory_order_release);
+  next_[1].store(0, std::memory_order_release);
 }
 
 template <typename Scalar>
-bool WeightDraw<Scalar>::step() {
-  if (next_.load(std::memory_order_relaxed) >= total_chunks_) return false;
-  const int chunk = next_.fetch_add(1, std::memory_order_acquire);
-  if (chunk >= total_chunks_) return false;
+bool WeightDraw<Scalar>::draw(int thread) {
+  const auto& chunks = chunks_[thread];
+  const auto size = static_cast<int>(chunks.size());
+  if (next_[thread].load(std::memory_order_relaxed) >= size) return false;
+  const int index = next_[thread].fetch_add(1, std::memory_order_acquire);
+  if (index >= size) return false;
+  const int chunk = chunks[index];
   int m = 0;
   while (m + 1 < matrix_count_ && matrices_[m + 1].first_chunk <= chunk) ++m;
   const Matrix& matrix = matrices_[m];
@@ -72,8 +87,13 @@ bool WeightDraw<Scalar>::step() {
 }
 
 template <typename Scalar>
+bool WeightDraw<Scalar>::step(int thread) {
+  return draw(thread) || draw(1 - thread);
+}
+
+template <typename Scalar>
 void WeightDraw<Scalar>::finish() {
-  while (step()) {
+  while (step(0)) {
   }
   while (done_.load(std::memory_order_acquire) < total_chunks_) _mm_pause();
 }

@@ -67,7 +67,7 @@ void ShardPair::clear_idle_work() {
 bool ShardPair::worker_idle_step() {
   idle_users_.fetch_add(1);
   IdleWork* work = idle_.load();
-  const bool stepped = work != nullptr && work->step();
+  const bool stepped = work != nullptr && work->step(1);
   idle_users_.fetch_sub(1);
   return stepped;
 }
@@ -99,7 +99,7 @@ void ShardPair::wait_until_finished(std::uint32_t epoch) {
       finished_, [epoch](std::uint32_t finished) { return finished == epoch; },
       [this] {
         IdleWork* work = idle_.load(std::memory_order_relaxed);  // this thread owns it
-        return work != nullptr && work->step();
+        return work != nullptr && work->step(0);
       });
 }
 

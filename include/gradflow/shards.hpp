@@ -14,10 +14,12 @@
 namespace gradflow {
 
 // Work that either thread does a piece at a time while it would otherwise wait for the other
-// (ShardPair::set_idle_work). step() does one piece and returns false when none is left.
+// (ShardPair::set_idle_work). step(thread) does one piece and returns false when none is left;
+// thread is 0 on the thread that calls ShardPair::run and 1 on the second core, so that the work
+// can hand each thread the pieces that thread will read next (they then stay in its cache).
 class IdleWork {
  public:
-  virtual bool step() = 0;
+  virtual bool step(int thread) = 0;
 
  protected:
   ~IdleWork() = default;
@@ -83,7 +85,7 @@ class ShardPair {
   std::atomic<std::uint32_t> finished_{0};  // the last epoch whose shard 1 the worker has completed
   std::atomic<bool> stop_{false};
   std::atomic<IdleWork*> idle_{nullptr};
-  std::atomic<int> idle_users_{0};  // 1 while the second core is inside idle_->step()
+  std::atomic<int> idle_users_{0};  // 1 while the second core is inside idle_->step(1)
   std::thread worker_;
 };
 

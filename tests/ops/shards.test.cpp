@@ -51,7 +51,7 @@ struct RecordedRun {
 // process had it) while the caller runs shards.
 struct BlockingStep final : IdleWork {
   std::atomic<bool> entered{false}, released{false}, stepped{false};
-  bool step() override {
+  bool step(int) override {
     if (stepped.exchange(true)) return false;
     entered.store(true);
     while (!released.load()) std::this_thread::yield();
@@ -194,10 +194,19 @@ TEST_CASE("weights drawn by two threads as idle work equal weights drawn in one 
     shards.run([](int) {});  // the second core draws chunks while it waits
     draw.finish();
     shards.clear_idle_work();
+    // One thread alone draws its own chunks, then the other thread's.
+    SublayerWeights<float> by_one_thread;
+    WeightDraw<float> alone;
+    alone.plan(config, arch, ctx, 5, by_one_thread);
+    while (alone.step(1)) {
+    }
+    CHECK_FALSE(alone.step(0));  // nothing left for the other thread
+    alone.finish();
     for (const auto member :
          {&SublayerWeights<float>::w_q, &SublayerWeights<float>::w_k, &SublayerWeights<float>::w_v,
           &SublayerWeights<float>::w_o, &SublayerWeights<float>::w_1, &SublayerWeights<float>::w_2}) {
       CHECK(same_bits(expected.*member, drawn.*member));
+      CHECK(same_bits(expected.*member, by_one_thread.*member));
     }
   }
 }
