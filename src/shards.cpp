@@ -115,8 +115,10 @@ void ShardPair::worker_loop() {
   std::uint32_t seen = 0;
   for (;;) {
     wait_until_posted(seen);
-    if (stop_.load(std::memory_order_acquire)) return;
+    // The epoch first, then stop_: the destructor sets stop_ before it posts its last epoch, so an
+    // epoch read here is either a real op's or comes with stop_ set (never run as an op).
     seen = posted_.load(std::memory_order_acquire);
+    if (stop_.load(std::memory_order_acquire)) return;
     std::uint32_t unclaimed = seen - 1;
     if (!claimed_.compare_exchange_strong(unclaimed, seen, std::memory_order_acq_rel)) continue;
     task_(context_, 1);
