@@ -33,8 +33,9 @@ void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arc
   matrix_count_ = 0;
   total_chunks_ = 0;
   for (auto& chunks : chunks_) chunks.clear();  // keeps its capacity: no allocation once sizes are set
-  // split_row: the first row of shard 1 for a matrix split between the shards by rows, or 0 for one
-  // split by columns.
+  // split_row: the first row of shard 1 for a matrix split between the shards by rows (0 when shard
+  // 0 owns none, e.g. one head), or kColumnSplit for one split by columns.
+  constexpr Eigen::Index kColumnSplit = -1;
   const auto add = [&](Mat<Scalar>& m, Eigen::Index rows, Eigen::Index cols, WeightMatrix which,
                        Eigen::Index split_row) {
     m.resize(rows, cols);
@@ -47,20 +48,21 @@ void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arc
     const int count = static_cast<int>((size + kNormalChunk - 1) / kNormalChunk);
     for (int c = 0; c < count; ++c) {
       const auto first_row = static_cast<Eigen::Index>(c * kNormalChunk / cols);
-      const int thread = split_row > 0 ? (first_row >= split_row ? 1 : 0) : (2 * c >= count ? 1 : 0);
+      const int thread =
+          split_row != kColumnSplit ? (first_row >= split_row ? 1 : 0) : (2 * c >= count ? 1 : 0);
       chunks_[thread].push_back(total_chunks_ + c);
     }
     total_chunks_ += count;
   };
   const Eigen::Index d = config.width, hidden = config.ffn_hidden();
   if (ctx.kind == SublayerKind::attn) {
-    const Eigen::Index heads_in_shard_0 = shard_range(config.heads, 0).end;  // attention's head split
-    add(weights.w_q, d, d, WeightMatrix::q, 0);
-    add(weights.w_k, d, d, WeightMatrix::k, 0);
-    add(weights.w_v, d, d, WeightMatrix::v, 0);
-    add(weights.w_o, d, d, WeightMatrix::o, heads_in_shard_0 * (d / config.heads));
+    add(weights.w_q, d, d, WeightMatrix::q, kColumnSplit);
+    add(weights.w_k, d, d, WeightMatrix::k, kColumnSplit);
+    add(weights.w_v, d, d, WeightMatrix::v, kColumnSplit);
+    add(weights.w_o, d, d, WeightMatrix::o,
+        shard_range(config.heads, 0).end * config.head_dim());  // by heads
   } else {
-    add(weights.w_1, d, hidden, WeightMatrix::up, 0);
+    add(weights.w_1, d, hidden, WeightMatrix::up, kColumnSplit);
     add(weights.w_2, hidden, d, WeightMatrix::down, shard_range(hidden, 0, kShardGranule).end);
   }
   done_.store(0, std::memory_order_relaxed);
