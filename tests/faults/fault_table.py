@@ -1,0 +1,96 @@
+"""The harness for gradflow's fault tables: each table is a list of `Case`s (a bad invocation, the
+files it reads, what must come of it), run through the real binary in a fresh directory.
+
+A case passes when gradflow exits with the expected code, prints exactly one line on stderr that
+matches `message` (a regular expression, searched), prints nothing on stdout (for error exits),
+and leaves the directory exactly as it found it: no output, no temporary file.
+
+Usage from a table script:
+    from fault_table import Case, run_table
+    CASES = [Case("depth zero", ["analyze", "--depth", "0"], message=r"--depth 0")]
+    run_table(CASES)          # reads the binary from argv[1]; prints 'N passed, N failed'
+"""
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+
+@dataclasses.dataclass
+class Case:
+    name: str                      # what the case is, for the report
+    args: list                     # the command line after the binary; "{dir}" is replaced by the case's directory
+    message: str = ""              # regex that the one stderr line must contain (searched, case-sensitive)
+    exit: int = 2                  # the expected exit code
+    files: dict = dataclasses.field(default_factory=dict)  # name -> str or bytes written before the run
+    stdin: str = ""                # standard input
+    one_line: bool = True          # stderr must be exactly one line
+    quiet_stdout: bool = True      # stdout must be empty
+    timeout: float = 60.0          # seconds before the case counts as a hang
+    env: dict = dataclasses.field(default_factory=dict)   # extra environment variables
+    preexec: object = None         # a function run in the child before exec (e.g. to set rlimits)
+
+
+def _listing(directory):
+    found = set()
+    for root, dirs, names in os.walk(directory):
+        for name in dirs + names:
+            found.add(os.path.relpath(os.path.join(root, name), directory))
+    return found
+
+
+def run_case(binary, case):
+    """Runs one case; returns None when it passes, else the reason it failed."""
+    with tempfile.TemporaryDirectory(prefix="gradflow-fault-") as directory:
+        for name, content in case.files.items():
+            path = os.path.join(directory, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb" if isinstance(content, bytes) else "w") as handle:
+                handle.write(content)
+        before = _listing(directory)
+        args = [str(a).replace("{dir}", directory) for a in case.args]
+        env = dict(os.environ, **case.env)
+        try:
+            proc = subprocess.run([binary, *args], cwd=directory, input=case.stdin.encode(),
+                                  capture_output=True, timeout=case.timeout, env=env,
+                                  preexec_fn=case.preexec)
+        except subprocess.TimeoutExpired:
+            return f"no answer within {case.timeout} s (a hang)"
+        stderr = proc.stderr.decode(errors="replace")
+        stdout = proc.stdout.decode(errors="replace")
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        problems = []
+        if proc.returncode != case.exit:
+            problems.append(f"exit {proc.returncode}, expected {case.exit}")
+        if case.one_line and len(lines) != 1:
+            problems.append(f"{len(lines)} stderr lines, expected 1")
+        if case.message and not re.search(case.message, stderr):
+            problems.append(f"stderr does not match /{case.message}/")
+        if case.quiet_stdout and stdout:
+            problems.append(f"stdout not empty ({len(stdout)} chars)")
+        left = _listing(directory) - before
+        if left:
+            problems.append(f"left behind: {sorted(left)}")
+        if problems:
+            return "; ".join(problems) + f"\n       stderr: {stderr.strip()[:400]!r}"
+        return None
+
+
+def run_table(cases, binary=None):
+    """Runs every case and prints one line per failure and the closing 'N passed, N failed' line."""
+    binary = os.path.abspath(binary or (sys.argv[1] if len(sys.argv) > 1 else "build/gradflow"))
+    names = [case.name for case in cases]
+    duplicates = {name for name in names if names.count(name) > 1}
+    assert not duplicates, f"case names repeat: {sorted(duplicates)}"
+    passed = failed = 0
+    for case in cases:
+        reason = run_case(binary, case)
+        if reason is None:
+            passed += 1
+        else:
+            failed += 1
+            print(f"FAIL {case.name}: gradflow {' '.join(map(str, case.args))}\n       {reason}")
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
