@@ -57,6 +57,13 @@ template <typename Scalar>
 double squared_norm(const Mat<Scalar>& m) {
   return squared_norm(m.data(), m.size());
 }
+// Population variance (ddof 0) over every entry of m, in double: numpy's np.var of the flattened
+// tensor, as Admin's profiling takes it.
+template <typename Scalar>
+double population_variance(const Mat<Scalar>& m) {
+  const double mean = m.template cast<double>().mean();
+  return squared_norm(m) / static_cast<double>(m.size()) - mean * mean;
+}
 // Whether every entry of the state is finite, given each stream's sum of squares in double.
 template <typename Scalar>
 bool all_finite(const State<Scalar>& state, const std::vector<double>& stream_squares) {
@@ -287,12 +294,15 @@ class Analysis {
       const double update_sq = squared_norm(executor_.value(graph_.update_id()));
       branch_rms[l] = std::sqrt(update_sq / executor_.value(graph_.update_id()).size());
       stream_share[l] = std::sqrt(update_sq / squared_norm(executor_.value(graph_.sum_id())));
-      if (profile &&
-          arch_.profiles_skip_weight) {  // Admin: w_{l+1}^2 = w_l^2 + Var[F_l] (Liu et al. 2020, Alg. 1)
-        const auto& f = executor_.value(graph_.branch_id());
-        const double mean = f.template cast<double>().mean();
-        const double variance = squared_norm(f) / f.size() - mean * mean;
-        skip_weights_[l + 1] = std::sqrt(skip_weights_[l] * skip_weights_[l] + variance);
+      if (profile && arch_.profiles_skip_weight) {
+        // Admin: w_{l+1}^2 = Var[w_l x_l] + Var[F_l] = w_l^2 Var[x_l] + Var[F_l], both measured
+        // (LiyuanLucasLiu/Transformer-Clinic fairseq/fairseq/modules/transformer_layer.py L193-195
+        // and L258-260: `np.sqrt(np.var(residual * ratio) + np.var(x))`); Var[x_0] of the sampled
+        // input is not 1, nor exactly is that of a normed state (np.var centres on the mean).
+        const double w = skip_weights_[l];
+        const double stream_variance = population_variance(states_[l][0]);
+        const double branch_variance = population_variance(executor_.value(graph_.branch_id()));
+        skip_weights_[l + 1] = std::sqrt(w * w * stream_variance + branch_variance);
       }
       if (!record_state_rms(l + 1)) {
         result_.diverged = Divergence{

@@ -14,6 +14,7 @@ void SublayerGraph::reset(int input_count) {
   update_id_ = sum_id_ = branch_id_ = -1;
   qkv_norm_ = QkvNorm::none;
   score_scale_.reset();
+  ffn_hidden_scale_ = 1.0;
 }
 
 Value SublayerGraph::input(int stream) const {
@@ -27,10 +28,12 @@ Value SublayerGraph::push(Node node) {
   return Value{value_count() - 1};
 }
 
-Value SublayerGraph::branch(Value a, QkvNorm qkv_norm, std::optional<double> score_scale) {
+Value SublayerGraph::branch(Value a, QkvNorm qkv_norm, std::optional<double> score_scale,
+                            double ffn_hidden_scale) {
   if (branch_id_ >= 0) throw std::logic_error("a sublayer graph has exactly one branch F");
   qkv_norm_ = qkv_norm;
   score_scale_ = score_scale;
+  ffn_hidden_scale_ = ffn_hidden_scale;
   const Value out = push({NodeOp::branch, a.id});
   branch_id_ = out.id;
   return out;
@@ -160,7 +163,7 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
           attention_forward(a, *context.weights, attention_options(graph, context), attention_, out,
                             context.shards, false);
         } else {
-          ffn_forward(a, *context.weights, ffn_, out, context.shards, false);
+          ffn_forward(a, *context.weights, ffn_options(graph), ffn_, out, context.shards, false);
         }
       } else if (node.op == NodeOp::norm || node.op == NodeOp::unit) {  // an output: known
         const auto& outputs = graph.outputs();
@@ -194,7 +197,7 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
           attention_forward(a, *context.weights, attention_options(graph, context), attention_, out,
                             context.shards);
         } else {
-          ffn_forward(a, *context.weights, ffn_, out, context.shards);
+          ffn_forward(a, *context.weights, ffn_options(graph), ffn_, out, context.shards);
         }
         break;
     }
@@ -239,8 +242,8 @@ void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vect
                              attention_, d_out, d_a, param_grads, context.shards,
                              skipped_branch_output_ ? &branch_output_dots_ : nullptr);
         } else {
-          ffn_backward(values_[node.lhs], *context.weights, ffn_, d_out, d_a, param_grads, context.shards,
-                       skipped_branch_output_ ? &branch_output_dots_ : nullptr);
+          ffn_backward(values_[node.lhs], *context.weights, ffn_options(graph), ffn_, d_out, d_a, param_grads,
+                       context.shards, skipped_branch_output_ ? &branch_output_dots_ : nullptr);
         }
         break;
     }
@@ -280,7 +283,7 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
           attention_jvp(values_[node.lhs], *context.weights, attention_options(graph, context), attention_,
                         d_a, d_out);
         } else {
-          ffn_jvp(*context.weights, ffn_, d_a, d_out);
+          ffn_jvp(*context.weights, ffn_options(graph), ffn_, d_a, d_out);
         }
         break;
     }

@@ -48,7 +48,7 @@ struct Architecture {
   // Stream names; a state has the first few of them (most placements: one stream "x").
   std::vector<std::string_view> streams = {"x"};
   int initial_streams = 1;            // streams of x_0 (each a copy of the input)
-  bool profiles_skip_weight = false;  // Admin: w_{l+1}^2 = w_l^2 + Var[F_l] during the forward pass
+  bool profiles_skip_weight = false;  // Admin: w_{l+1}^2 = w_l^2 Var[x_l] + Var[F_l], forward pass
   bool accepts_alpha = false;         // whether --alpha overrides a constant of this placement
   // x <- x + update with nothing else touching the stream, so x_S = x_0 + sum_l update_l exactly:
   // enables the exact stream decomposition (stream_decomposition, metrics.md).

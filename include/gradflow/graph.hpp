@@ -38,8 +38,10 @@ class SublayerGraph {
   Value scale(Value a, double factor) { return push({NodeOp::scale, a.id, -1, factor}); }
   Value norm(Value a) { return push({NodeOp::norm, a.id}); }
   Value unit(Value a) { return push({NodeOp::unit, a.id}); }
-  // F(a). Attention options: q/k/v normalisation and, for nGPT, the softmax scale.
-  Value branch(Value a, QkvNorm qkv_norm = QkvNorm::none, std::optional<double> score_scale = std::nullopt);
+  // F(a). Attention options: q/k/v normalisation and, for nGPT, the softmax scale; FFN option:
+  // the scale of the hidden pre-activation (nGPT's s_uv). Each applies to its kind of F only.
+  Value branch(Value a, QkvNorm qkv_norm = QkvNorm::none, std::optional<double> score_scale = std::nullopt,
+               double ffn_hidden_scale = 1.0);
 
   // The streams of the next state, in order.
   void set_outputs(std::initializer_list<Value> outputs);
@@ -56,6 +58,7 @@ class SublayerGraph {
   int branch_id() const { return branch_id_; }
   QkvNorm qkv_norm() const { return qkv_norm_; }
   std::optional<double> score_scale() const { return score_scale_; }
+  double ffn_hidden_scale() const { return ffn_hidden_scale_; }
 
  private:
   Value push(Node node);
@@ -66,6 +69,7 @@ class SublayerGraph {
   int update_id_ = -1, sum_id_ = -1, branch_id_ = -1;
   QkvNorm qkv_norm_ = QkvNorm::none;
   std::optional<double> score_scale_;
+  double ffn_hidden_scale_ = 1.0;
 };
 
 // What the branch node F needs besides its input.
@@ -136,6 +140,7 @@ class GraphExecutor {
 
  private:
   AttentionOptions attention_options(const SublayerGraph& graph, const BranchContext<Scalar>& context) const;
+  static FfnOptions ffn_options(const SublayerGraph& graph) { return {graph.ffn_hidden_scale()}; }
 
   void run_forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
                    const BranchContext<Scalar>& context, const KnownOutputs<Scalar>* known);

@@ -152,11 +152,15 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
                    AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out);
 
 // ---------------------------------------------------------------------------------------------
-// Feed-forward: out = gelu(x W_1) W_2, hidden 4d, no biases (Vaswani et al. 2017, Eq. 2).
+// Feed-forward: out = gelu(s x W_1) W_2, hidden 4d, no biases (Vaswani et al. 2017, Eq. 2), with
+// s = hidden_scale on the hidden pre-activation (1 usually; nGPT's s_uv = sqrt(d) at init).
+struct FfnOptions {
+  double hidden_scale = 1.0;  // nGPT: NVIDIA/ngpt model.py, Block.forward, `uv = suv * uv`
+};
 template <typename Scalar>
 struct FfnCache {
-  Mat<Scalar> hidden_pre;                            // (T, 4d) x W_1
-  Mat<Scalar> hidden;                                // (T, 4d) gelu(x W_1)
+  Mat<Scalar> hidden_pre;                            // (T, 4d) s x W_1
+  Mat<Scalar> hidden;                                // (T, 4d) gelu(s x W_1)
   Mat<Scalar> d_hidden, d_hidden_pre;                // (K*T, 4d) scratch
   Mat<Scalar> hidden_grams[2];                       // each shard's (T, T) Gram of its hidden units
   std::vector<Mat<Scalar>> pre_grams[2];             // each shard's d(x W_1) Grams, one per probe
@@ -164,19 +168,22 @@ struct FfnCache {
   Eigen::Array<Scalar, 1, Eigen::Dynamic> slope[2];  // each shard's row of GELU slopes
   ShardPartials<Scalar> partials;
 };
-// with_output and output_dots as for attention: <d_out_k, out> = <d_out_k W_2^T, gelu(x W_1)>.
+// with_output and output_dots as for attention: <d_out_k, out> = <d_out_k W_2^T, gelu(s x W_1)>.
 template <typename Scalar>
-void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
-                 Mat<Scalar>& out, ShardPair* shards = nullptr, bool with_output = true);
+void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
+                 FfnCache<Scalar>& cache, Mat<Scalar>& out, ShardPair* shards = nullptr,
+                 bool with_output = true);
+// param_grads, when given, receives each probe's squared norm of dL/d{W_1, W_2}.
 template <typename Scalar>
-void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
-                  const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr,
-                  ShardPair* shards = nullptr, std::vector<double>* output_dots = nullptr);
+void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
+                  FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>& dx,
+                  ParamGradSquares* param_grads = nullptr, ShardPair* shards = nullptr,
+                  std::vector<double>* output_dots = nullptr);
 
 // Forward mode after ffn_forward: d_out = J d_x, tangents (P*T, d).
 template <typename Scalar>
-void ffn_jvp(const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, const Mat<Scalar>& d_x,
-             Mat<Scalar>& d_out);
+void ffn_jvp(const SublayerWeights<Scalar>& w, const FfnOptions& options, FfnCache<Scalar>& cache,
+             const Mat<Scalar>& d_x, Mat<Scalar>& d_out);
 
 // ---------------------------------------------------------------------------------------------
 // The idealised branch: a fixed 90-degree rotation within coordinate pairs (2i, 2i+1), so that

@@ -1,7 +1,10 @@
 // admin: x <- N(w x + F(x)) with w profiled in one forward pass at init: w_0 = 1,
-// w_{l+1}^2 = w_l^2 + Var[F_l] (Liu et al. 2020 "Understanding the Difficulty of Training
-// Transformers", arXiv 2004.08249, Alg. 1). The engine profiles (profiles_skip_weight)
-// on the seed's own input and hands w_l to the recipe as ctx.profiled_skip_weight.
+// w_{l+1}^2 = w_l^2 Var[x_l] + Var[F_l], Var the measured population variance over all entries
+// (Liu et al. 2020 "Understanding the Difficulty of Training Transformers", arXiv 2004.08249,
+// Alg. 1, as its authors' code computes it: LiyuanLucasLiu/Transformer-Clinic
+// fairseq/fairseq/modules/transformer_layer.py L193-195, `np.sqrt(np.var(residual * ratio) +
+// np.var(x))`). The engine profiles (profiles_skip_weight) on the seed's own input and hands w_l
+// to the recipe as ctx.profiled_skip_weight.
 #include "archs.hpp"
 
 namespace gradflow::archs {
@@ -15,7 +18,7 @@ Architecture admin() {
   arch.expected_growth = "bounded";
   arch.profiles_skip_weight = true;
   arch.constants = [](const ModelConfig&) -> Constants {
-    return {{"w_0", 1.0, "1 (then w_{l+1}^2 = w_l^2 + Var[F_l], profiled)", "sublayers"}};
+    return {{"w_0", 1.0, "1 (then w_{l+1}^2 = w_l^2 Var[x_l] + Var[F_l], profiled)", "sublayers"}};
   };
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
     recipes::post_norm(g, ctx.profiled_skip_weight);

@@ -101,16 +101,20 @@ void shared_input_grams(int shard, const Mat<Scalar>& x, const Mat<Scalar>& d_ou
 // Shard s owns hidden units [begin, end): columns of W_1 and rows of W_2 (Megatron-LM's split,
 // arXiv 1909.08053 Sec. 3), so each shard's output is a partial sum and nothing is exchanged
 // until the end.
+// The hidden scale s multiplies the product x W_1 (not W_1 itself), so dL/dW_1 = s x^T dL/d(s x W_1)
+// as in nGPT, where s_uv is a parameter of its own; s = 1 skips the multiplication (same bits).
 template <typename Scalar>
-void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
-                 Mat<Scalar>& out, ShardPair* shards, bool with_output) {
+void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
+                 FfnCache<Scalar>& cache, Mat<Scalar>& out, ShardPair* shards, bool with_output) {
   const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols();
-  cache.hidden_pre.resize(tokens, hidden);  // (T, 4d) x W_1
-  cache.hidden.resize(tokens, hidden);      // gelu(x W_1)
+  const Scalar hidden_scale = static_cast<Scalar>(options.hidden_scale);
+  cache.hidden_pre.resize(tokens, hidden);  // (T, 4d) s x W_1
+  cache.hidden.resize(tokens, hidden);      // gelu(s x W_1)
   run_shards(shards, [&](int shard) {
     const ShardRange units = shard_range(hidden, shard, kShardGranule);
     auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
     multiply(x, w.w_1.middleCols(units.begin, units.size()), pre);
+    if (options.hidden_scale != 1.0) pre *= hidden_scale;
     gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size()));
     if (!with_output) return;
     cache.partials.output[shard].resize(tokens, w.w_2.cols());
@@ -121,10 +125,11 @@ void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCach
 }
 
 template <typename Scalar>
-void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache,
-                  const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads, ShardPair* shards,
-                  std::vector<double>* output_dots) {
+void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
+                  FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>& dx,
+                  ParamGradSquares* param_grads, ShardPair* shards, std::vector<double>* output_dots) {
   const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols(), rows = d_out.rows();
+  const Scalar hidden_scale = static_cast<Scalar>(options.hidden_scale);
   const Eigen::Index probes = rows / tokens;
   cache.d_hidden.resize(rows, hidden);
   cache.d_hidden_pre.resize(rows, hidden);
@@ -139,6 +144,7 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
     auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size());
     multiply_transposed(d_out, w.w_2.middleRows(units.begin, units.size()), d_hidden);  // (K*T, n)
     gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, cache.slope[shard]);
+    if (options.hidden_scale != 1.0) d_pre *= hidden_scale;  // now dL/d(x W_1)
     cache.partials.output[shard].resize(rows, x.cols());
     multiply_transposed(d_pre, w.w_1.middleCols(units.begin, units.size()), cache.partials.output[shard]);
     if (output_dots) {  // <d_out, H W_2> = <d_out W_2^T, H> over this shard's units
@@ -173,9 +179,10 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, FfnCac
 }
 
 template <typename Scalar>
-void ffn_jvp(const SublayerWeights<Scalar>& w, FfnCache<Scalar>& cache, const Mat<Scalar>& d_x,
-             Mat<Scalar>& d_out) {
+void ffn_jvp(const SublayerWeights<Scalar>& w, const FfnOptions& options, FfnCache<Scalar>& cache,
+             const Mat<Scalar>& d_x, Mat<Scalar>& d_out) {
   cache.d_hidden.noalias() = d_x * w.w_1;  // (P*T, 4d)
+  if (options.hidden_scale != 1.0) cache.d_hidden *= static_cast<Scalar>(options.hidden_scale);
   cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
   gelu_backward(cache.hidden_pre, cache.d_hidden, cache.d_hidden_pre);  // GELU's Jacobian is diagonal
   d_out.noalias() = cache.d_hidden_pre * w.w_2;                         // (P*T, d)
@@ -198,21 +205,21 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
   }
 }
 
-#define GRADFLOW_INSTANTIATE_FFN(Scalar)                                                                    \
-  template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                     \
-  template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);                \
-  template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&,  \
-                                    Mat<Scalar>&, ShardPair*, bool);                                        \
-  template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, FfnCache<Scalar>&, \
-                                     const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*,       \
-                                     std::vector<double>*);                                                 \
-  template void lower_gram<Scalar>(const Eigen::Ref<const Mat<Scalar>>&, Mat<Scalar>&);                     \
-  template double symmetric_inner<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&);                          \
-  template void shared_input_grams<Scalar>(int, const Mat<Scalar>&, const Mat<Scalar>&,                     \
-                                           std::vector<Mat<Scalar>>&);                                      \
-  template void ffn_jvp<Scalar>(const SublayerWeights<Scalar>&, FfnCache<Scalar>&, const Mat<Scalar>&,      \
-                                Mat<Scalar>&);                                                              \
-  template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                 \
+#define GRADFLOW_INSTANTIATE_FFN(Scalar)                                                                     \
+  template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                      \
+  template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);                 \
+  template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,   \
+                                    FfnCache<Scalar>&, Mat<Scalar>&, ShardPair*, bool);                      \
+  template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,  \
+                                     FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, \
+                                     ShardPair*, std::vector<double>*);                                      \
+  template void lower_gram<Scalar>(const Eigen::Ref<const Mat<Scalar>>&, Mat<Scalar>&);                      \
+  template double symmetric_inner<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&);                           \
+  template void shared_input_grams<Scalar>(int, const Mat<Scalar>&, const Mat<Scalar>&,                      \
+                                           std::vector<Mat<Scalar>>&);                                       \
+  template void ffn_jvp<Scalar>(const SublayerWeights<Scalar>&, const FfnOptions&, FfnCache<Scalar>&,        \
+                                const Mat<Scalar>&, Mat<Scalar>&);                                           \
+  template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                  \
   template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_FFN(float)
 GRADFLOW_INSTANTIATE_FFN(double)

@@ -1,6 +1,8 @@
 // GELU, the FFN and the idealised rotation branch: central differences and properties.
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include "support/finite_difference.hpp"
 
 using namespace gradflow;
@@ -23,48 +25,81 @@ TEST_CASE("gelu_backward matches central differences") {
 
 TEST_CASE("ffn_backward matches central differences, and its parameter gradient too") {
   const int d = 6;
-  SublayerWeights<double> w;
-  w.w_1 = random_matrix(d, 4 * d, 12, 0.4);
-  w.w_2 = random_matrix(4 * d, d, 13, 0.2);
-  const MatD x = random_matrix(5, d, 14);
-  const auto forward = [&](const MatD& in) {
-    FfnCache<double> cache;
-    MatD out;
-    ffn_forward(in, w, cache, out);
-    return out;
-  };
-  const auto backward = [&](const MatD& in, const MatD& dy) {
-    FfnCache<double> cache;
-    MatD out, dx = MatD::Zero(dy.rows(), dy.cols());
-    ffn_forward(in, w, cache, out);
-    ffn_backward(in, w, cache, dy, dx);
-    return dx;
-  };
-  CHECK(backward_relative_error(x, forward, backward) <= kFiniteDifferenceTolerance);
+  // 1: the plain FFN; sqrt(d): nGPT's s_uv on the hidden pre-activation.
+  for (const double hidden_scale : {1.0, std::sqrt(static_cast<double>(d))}) {
+    CAPTURE(hidden_scale);
+    const FfnOptions options{hidden_scale};
+    SublayerWeights<double> w;
+    w.w_1 = random_matrix(d, 4 * d, 12, 0.4);
+    w.w_2 = random_matrix(4 * d, d, 13, 0.2);
+    const MatD x = random_matrix(5, d, 14);
+    const auto forward = [&](const MatD& in) {
+      FfnCache<double> cache;
+      MatD out;
+      ffn_forward(in, w, options, cache, out);
+      return out;
+    };
+    const auto backward = [&](const MatD& in, const MatD& dy) {
+      FfnCache<double> cache;
+      MatD out, dx = MatD::Zero(dy.rows(), dy.cols());
+      ffn_forward(in, w, options, cache, out);
+      ffn_backward(in, w, options, cache, dy, dx);
+      return dx;
+    };
+    CHECK(backward_relative_error(x, forward, backward) <= kFiniteDifferenceTolerance);
 
-  // dL/dW_2 by central differences on one probe; ParamGradSquares holds |dW_1|^2 + |dW_2|^2.
-  const MatD dy = random_matrix(5, d, 15);
-  FfnCache<double> cache;
-  MatD out, dx = MatD::Zero(5, d);
-  ffn_forward(x, w, cache, out);
-  ParamGradSquares squares;
-  ffn_backward(x, w, cache, dy, dx, &squares);
-  double numeric = 0;
-  const double h = 1e-6;
-  for (auto* matrix : {&w.w_1, &w.w_2}) {
-    for (Eigen::Index i = 0; i < matrix->size(); ++i) {
-      const double saved = matrix->data()[i];
-      matrix->data()[i] = saved + h;
-      const double up = dy.cwiseProduct(forward(x)).sum();
-      matrix->data()[i] = saved - h;
-      const double down = dy.cwiseProduct(forward(x)).sum();
-      matrix->data()[i] = saved;
-      numeric += std::pow((up - down) / (2 * h), 2);
+    // dL/dW by central differences on one probe; ParamGradSquares holds |dW_1|^2 + |dW_2|^2.
+    const MatD dy = random_matrix(5, d, 15);
+    FfnCache<double> cache;
+    MatD out, dx = MatD::Zero(5, d);
+    ffn_forward(x, w, options, cache, out);
+    ParamGradSquares squares;
+    ffn_backward(x, w, options, cache, dy, dx, &squares);
+    double numeric = 0;
+    const double h = 1e-6;
+    for (auto* matrix : {&w.w_1, &w.w_2}) {
+      for (Eigen::Index i = 0; i < matrix->size(); ++i) {
+        const double saved = matrix->data()[i];
+        matrix->data()[i] = saved + h;
+        const double up = dy.cwiseProduct(forward(x)).sum();
+        matrix->data()[i] = saved - h;
+        const double down = dy.cwiseProduct(forward(x)).sum();
+        matrix->data()[i] = saved;
+        numeric += std::pow((up - down) / (2 * h), 2);
+      }
     }
+    REQUIRE(squares.size() == 1);
+    CHECK(std::abs(std::sqrt(squares[0]) - std::sqrt(numeric)) <=
+          kFiniteDifferenceTolerance * std::sqrt(numeric));
   }
-  REQUIRE(squares.size() == 1);
-  CHECK(std::abs(std::sqrt(squares[0]) - std::sqrt(numeric)) <=
-        kFiniteDifferenceTolerance * std::sqrt(numeric));
+}
+
+TEST_CASE("ffn hidden scale s: the output is that of W_1 scaled by s, the gradient of W_1 is not") {
+  const int d = 4;
+  const double hidden_scale = 2.0;  // nGPT's s_uv = sqrt(d)
+  SublayerWeights<double> w, scaled;
+  w.w_1 = random_matrix(d, 4 * d, 21, 0.4);
+  w.w_2 = random_matrix(4 * d, d, 22, 0.2);
+  scaled.w_1 = hidden_scale * w.w_1;
+  scaled.w_2 = w.w_2;
+  const MatD x = random_matrix(3, d, 23), dy = random_matrix(3, d, 24);
+  FfnCache<double> cache, scaled_cache;
+  MatD out, scaled_out, dx = MatD::Zero(3, d), scaled_dx = MatD::Zero(3, d);
+  ffn_forward(x, w, FfnOptions{hidden_scale}, cache, out);
+  ffn_forward(x, scaled, FfnOptions{}, scaled_cache, scaled_out);
+  CHECK((out - scaled_out).norm() <= 1e-14 * out.norm());
+  ParamGradSquares squares, scaled_squares;
+  ffn_backward(x, w, FfnOptions{hidden_scale}, cache, dy, dx, &squares);
+  ffn_backward(x, scaled, FfnOptions{}, scaled_cache, dy, scaled_dx, &scaled_squares);
+  CHECK((dx - scaled_dx).norm() <= 1e-14 * dx.norm());
+  // dL/dW_1 = s x^T dL/d(s x W_1), s times the scaled weight's gradient x^T dL/d(x sW_1), while
+  // dL/dW_2 is the same: the squares differ by (s^2 - 1) |x^T dL/d(x sW_1)|^2.
+  const MatD d_hidden = dy * w.w_2.transpose();
+  MatD d_pre = MatD::Zero(3, 4 * d);
+  gelu_backward(scaled_cache.hidden_pre, d_hidden, d_pre);
+  const double scaled_w1_squares = (x.transpose() * d_pre).squaredNorm();
+  CHECK(squares[0] - scaled_squares[0] ==
+        doctest::Approx((hidden_scale * hidden_scale - 1) * scaled_w1_squares).epsilon(1e-12));
 }
 
 TEST_CASE("rotation branch: as large as its input, orthogonal to it, and its backward is the transpose") {
@@ -90,22 +125,26 @@ TEST_CASE("rotation branch: as large as its input, orthogonal to it, and its bac
 
 TEST_CASE("ffn_jvp matches central differences") {
   const int d = 6;
-  SublayerWeights<double> w;
-  w.w_1 = random_matrix(d, 4 * d, 52, 0.4);
-  w.w_2 = random_matrix(4 * d, d, 53, 0.2);
-  const MatD x = random_matrix(5, d, 54);
-  const auto forward = [&](const MatD& in) {
-    FfnCache<double> cache;
-    MatD out;
-    ffn_forward(in, w, cache, out);
-    return out;
-  };
-  const auto jvp = [&](const MatD& in, const MatD& dx) {
-    FfnCache<double> cache;
-    MatD out, dy;
-    ffn_forward(in, w, cache, out);
-    ffn_jvp(w, cache, dx, dy);
-    return dy;
-  };
-  CHECK(jvp_relative_error(x, forward, jvp) <= kFiniteDifferenceTolerance);
+  for (const double hidden_scale : {1.0, std::sqrt(static_cast<double>(d))}) {
+    CAPTURE(hidden_scale);
+    const FfnOptions options{hidden_scale};
+    SublayerWeights<double> w;
+    w.w_1 = random_matrix(d, 4 * d, 52, 0.4);
+    w.w_2 = random_matrix(4 * d, d, 53, 0.2);
+    const MatD x = random_matrix(5, d, 54);
+    const auto forward = [&](const MatD& in) {
+      FfnCache<double> cache;
+      MatD out;
+      ffn_forward(in, w, options, cache, out);
+      return out;
+    };
+    const auto jvp = [&](const MatD& in, const MatD& dx) {
+      FfnCache<double> cache;
+      MatD out, dy;
+      ffn_forward(in, w, options, cache, out);
+      ffn_jvp(w, options, cache, dx, dy);
+      return dy;
+    };
+    CHECK(jvp_relative_error(x, forward, jvp) <= kFiniteDifferenceTolerance);
+  }
 }

@@ -118,17 +118,21 @@ TEST_CASE("ffn and attention give the same bits on two cores as on one") {
   const Mat<float> dy = random_float(probes * tokens, d, 8);
 
   SUBCASE("ffn") {
-    FfnCache<float> one, two;
-    Mat<float> out_one, out_two;
-    ffn_forward(x, w, one, out_one);
-    ffn_forward(x, w, two, out_two, &two_cores);
-    CHECK(same_bits(out_one, out_two));
-    Mat<float> dx_one = Mat<float>::Zero(probes * tokens, d), dx_two = dx_one;
-    ParamGradSquares squares_one, squares_two;
-    ffn_backward(x, w, one, dy, dx_one, &squares_one);
-    ffn_backward(x, w, two, dy, dx_two, &squares_two, &two_cores);
-    CHECK(same_bits(dx_one, dx_two));
-    CHECK(squares_one == squares_two);
+    for (const double hidden_scale : {1.0, 8.0}) {  // 8 = nGPT's s_uv = sqrt(d)
+      CAPTURE(hidden_scale);
+      const FfnOptions options{hidden_scale};
+      FfnCache<float> one, two;
+      Mat<float> out_one, out_two;
+      ffn_forward(x, w, options, one, out_one);
+      ffn_forward(x, w, options, two, out_two, &two_cores);
+      CHECK(same_bits(out_one, out_two));
+      Mat<float> dx_one = Mat<float>::Zero(probes * tokens, d), dx_two = dx_one;
+      ParamGradSquares squares_one, squares_two;
+      ffn_backward(x, w, options, one, dy, dx_one, &squares_one);
+      ffn_backward(x, w, options, two, dy, dx_two, &squares_two, &two_cores);
+      CHECK(same_bits(dx_one, dx_two));
+      CHECK(squares_one == squares_two);
+    }
   }
   SUBCASE("attention") {
     for (const QkvNorm norm :

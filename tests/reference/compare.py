@@ -167,7 +167,7 @@ def compare_arch(args, arch, tmp):
     notes = list(notes)
     jc = dict((run.get("config") or {}).get("constants") or {})
     _, cnotes = R.resolve_constants(stack.arch, {"constants": jc}, stack.B, stack.S, stack.mix_ratio, "spec",
-                                    alpha=args.alpha, lns_index=args.lns_index)
+                                    alpha=args.alpha, lns_index=args.lns_index, width=x0.shape[1])
     for n in cnotes:
         if "not used by the reference" in n:
             notes.append("info: " + n)

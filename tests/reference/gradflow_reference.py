@@ -110,9 +110,10 @@ def gelu(x):
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
-def ffn(x, W):
-    # [C] FFN(x) = gelu(x @ W_1) @ W_2, hidden 4d, no biases
-    return gelu(x @ W["W_1"]) @ W["W_2"]
+def ffn(x, W, hidden_scale=1.0):
+    # [C] FFN(x) = gelu(x @ W_1) @ W_2, hidden 4d, no biases; [A] ngpt: "the FFN's hidden
+    # pre-activation is scaled by s_uv = sqrt(d) at init" -> gelu(s_uv * (x @ W_1)) @ W_2
+    return gelu(hidden_scale * (x @ W["W_1"])) @ W["W_2"]
 
 
 def split_heads(M, heads):
@@ -179,12 +180,15 @@ FINAL_NORM = {"pre-ln", "mix-ln", "hybridnorm", "hybridnorm-star", "peri-ln", "o
               "layerscale", "depth-mup", "deepscalelm", "lns"}  # [A] "final norm" column = yes
 
 
-def spec_constants(arch, B, S, mix_ratio=0.25, alpha=None, lns_index="block"):
+def spec_constants(arch, B, S, mix_ratio=0.25, alpha=None, lns_index="block", width=None):
     """Constants recomputed from architectures.md (with their unit) and the project decisions.
     `alpha`: an explicit --alpha override (keel, deepnorm, rezero, depth-mup, ngpt); constants that
     derive from it are recomputed.  Per-block constants (siamese-norm c, lns input scale) are given
-    at the last block b = B-1, the value gradflow's config reports."""
+    at the last block b = B-1, the value gradflow's config reports.  `width` (d), when known, adds
+    the width-dependent constants (ngpt s_uv)."""
     c = _spec_constants(arch, B, S, mix_ratio, lns_index)
+    if arch == "ngpt" and width is not None:
+        c["s_uv"] = math.sqrt(width)  # [A] ngpt: s_uv = sqrt(d) at init
     if alpha is not None and "alpha" in c:
         c["alpha"] = float(alpha)
         if arch == "depth-mup":
@@ -231,6 +235,7 @@ _CONST_KEYS = {
     "alpha": ["alpha", "a"], "beta": ["beta", "b"], "lambda": ["lambda", "l", "lam"],
     "mix_ratio": ["mix_ratio", "r"], "post_ln_blocks": ["post_ln_blocks"],
     "branch_scale": ["branch_scale", "scale"], "c": ["c"], "input_scale": ["input_scale"], "w_0": ["w_0"],
+    "s_uv": ["s_uv"],
 }
 
 
@@ -250,10 +255,10 @@ def _num(val):
     return None
 
 
-def resolve_constants(arch, cfg, B, S, mix_ratio, source="config", alpha=None, lns_index="block"):
+def resolve_constants(arch, cfg, B, S, mix_ratio, source="config", alpha=None, lns_index="block", width=None):
     """Spec constants, overridden by the config's `constants` when present (source='config').
     Returns (constants, notes) where notes list every config/spec disagreement."""
-    spec = spec_constants(arch, B, S, mix_ratio, alpha, lns_index)
+    spec = spec_constants(arch, B, S, mix_ratio, alpha, lns_index, width)
     cc = dict(cfg.get("constants") or {})
     out, notes = dict(spec), []
     for name, sval in spec.items():
@@ -332,7 +337,13 @@ class Stack:
             out = rotate_pairs(x)
             return out.detach() if detach else out
         W = self.W[l]
-        out = attention(x, W, self.heads, qk, self.QN) if self.kinds[l] == "attn" else ffn(x, W)
+        if self.kinds[l] == "attn":
+            out = attention(x, W, self.heads, qk, self.QN)
+        elif self.arch == "ngpt":
+            # [A] ngpt: s_uv = sqrt(d) (the resolved constant when the export's config gave one)
+            out = ffn(x, W, self.c.get("s_uv", math.sqrt(x.shape[-1])))
+        else:
+            out = ffn(x, W)
         return out.detach() if detach else out
 
     def first_of_kind(self, l):
@@ -528,9 +539,11 @@ class Stack:
                     self.admin_w.append(math.sqrt(w2))
                 state, u, s = self.sublayer(l, state)
                 if self.arch == "admin":
-                    # [A] w_{l+1}^2 = w_l^2 + Var[F_l]; decision 5: population variance over all entries of F_l,
+                    # [A] w_{l+1}^2 = w_l^2 Var[x_l] + Var[F_l] ("sqrt(var(residual * ratio) + var(F))", Var[x_l]
+                    # the measured variance of the state); decision 5: population variance over all entries,
                     # profiled in this pass on the seed's own input x0
-                    w2 = w2 + float(u.var(unbiased=False))
+                    x_l = states[-1][0]
+                    w2 = float((math.sqrt(w2) * x_l).var(unbiased=False)) + float(u.var(unbiased=False))
                 states.append(state)
                 updates.append(u)
                 presums.append(s)
@@ -721,7 +734,8 @@ def build_from_export(path, qk_norm="rms", lns_index="block", wrong_variant=None
             notes.append(f"config {key} = {cfg[key]} but tensors give {val}")
     if cfg.get("rezero_alpha") is not None and arch == "rezero":
         cfg.setdefault("constants", {}).setdefault("alpha", cfg["rezero_alpha"])
-    consts, cnotes = resolve_constants(arch, cfg, B, S, mix_ratio, constants_source, ov.get("alpha"), lns_index)
+    consts, cnotes = resolve_constants(arch, cfg, B, S, mix_ratio, constants_source, ov.get("alpha"), lns_index,
+                                       width=d)
     notes += cnotes
     if "alpha" in ov and "alpha" in consts:
         consts["alpha"] = float(ov["alpha"])  # explicit --alpha override (keel, deepnorm, rezero, depth-mup, ngpt)

@@ -287,10 +287,31 @@ def admin_profile():
     states, updates, _ = stack.forward(x0)
     w = stack.admin_w
     assert w[0] == 1.0
+    def var(t):  # np.var of the flattened tensor: population variance, centred on the mean
+        return float(((t - t.mean()) ** 2).mean())
     for l in range(1, stack.S):
-        # [A] w_{l+1}^2 = w_l^2 + Var[F_l]
-        v = float(((updates[l - 1] - updates[l - 1].mean()) ** 2).mean())
-        assert abs(w[l] ** 2 - w[l - 1] ** 2 - v) < 1e-12
+        # [A] w_{l+1}^2 = w_l^2 Var[x_l] + Var[F_l] (Var[x_l] measured on the state, not 1)
+        x_prev = states[l - 1][0]
+        assert abs(w[l] ** 2 - w[l - 1] ** 2 * var(x_prev) - var(updates[l - 1])) < 1e-12
+    # the sampled x_0 does not have variance 1, so the Var[x_0] factor changes w_1
+    assert abs(var(x0) - 1) > 1e-3
+    assert abs(w[1] ** 2 - (1 + var(updates[0]))) > 1e-4
+
+
+@test
+def ngpt_scales_the_ffn_hidden_preactivation():
+    """[A] ngpt: the FFN's hidden pre-activation is scaled by s_uv = sqrt(d) at init."""
+    d = 16
+    stack, x0, probes, notes = stack_for("ngpt", d=d)
+    assert notes == [], notes
+    assert stack.c["s_uv"] == math.sqrt(d)
+    l = stack.kinds.index("ffn")
+    x = R.unit(x0)
+    W = stack.W[l]
+    got = stack.F(l, x, detach=True)
+    want = R.gelu(math.sqrt(d) * (x @ W["W_1"])) @ W["W_2"]
+    assert torch.allclose(got, want, atol=1e-14, rtol=0)
+    assert not torch.allclose(got, R.ffn(x, W), atol=1e-3, rtol=0)
 
 
 @test
@@ -489,6 +510,7 @@ def gradflow_config_objects():
         "siamese-norm": {"c": o(math.sqrt(8.0), "blocks")},
         "lns": {"input_scale": o(0.5, "blocks")},
         "admin": {"w_0": o(1.0, "sublayers")},
+        "ngpt": {"alpha": o(0.05), "s_uv": o(4.0)},  # make_export's d = 16
         "depth-mup": {"branch_scale": o(1 / math.sqrt(8.0), "sublayers")},
         "deepnorm": {"alpha": o(8 ** 0.25, "blocks"), "beta": o(32 ** -0.25, "blocks")},
     }
