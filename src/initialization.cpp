@@ -32,6 +32,9 @@ void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arc
                               std::uint64_t seed, SublayerWeights<Scalar>& weights) {
   matrix_count_ = 0;
   total_chunks_ = 0;
+  weights_ = &weights;
+  unit_norm_ = arch.unit_norm_weights;
+  kind_ = ctx.kind;
   for (auto& chunks : chunks_) chunks.clear();  // keeps its capacity: no allocation once sizes are set
   // split_row: the first row of shard 1 for a matrix split between the shards by rows (0 when shard
   // 0 owns none, e.g. one head), or kColumnSplit for one split by columns.
@@ -98,6 +101,28 @@ void WeightDraw<Scalar>::finish() {
   while (step(0)) {
   }
   while (done_.load(std::memory_order_acquire) < total_chunks_) _mm_pause();
+  if (unit_norm_) normalize_along_width(kind_, *weights_);
+}
+
+template <typename Scalar>
+void normalize_along_width(SublayerKind kind, SublayerWeights<Scalar>& weights) {
+  const auto unit_columns = [](Mat<Scalar>& m) {  // (d, n): each column, a vector over the d inputs
+    for (Eigen::Index c = 0; c < m.cols(); ++c) {
+      m.col(c) *= static_cast<Scalar>(1.0 / m.col(c).template cast<double>().norm());
+    }
+  };
+  const auto unit_rows = [](Mat<Scalar>& m) {  // (n, d): each row, a vector over the d outputs
+    for (Eigen::Index r = 0; r < m.rows(); ++r) {
+      m.row(r) *= static_cast<Scalar>(1.0 / m.row(r).template cast<double>().norm());
+    }
+  };
+  if (kind == SublayerKind::attn) {
+    for (Mat<Scalar>* m : {&weights.w_q, &weights.w_k, &weights.w_v}) unit_columns(*m);
+    unit_rows(weights.w_o);
+  } else {
+    unit_columns(weights.w_1);
+    unit_rows(weights.w_2);
+  }
 }
 
 template <typename Scalar>
@@ -147,6 +172,8 @@ Mat<Scalar> make_probes(const ModelConfig& config, std::uint64_t seed) {
 
 template class WeightDraw<float>;
 template class WeightDraw<double>;
+template void normalize_along_width<float>(SublayerKind, SublayerWeights<float>&);
+template void normalize_along_width<double>(SublayerKind, SublayerWeights<double>&);
 template void nudge_weights<float>(const ModelConfig&, const SublayerContext&, SublayerWeights<float>&);
 template void nudge_weights<double>(const ModelConfig&, const SublayerContext&, SublayerWeights<double>&);
 template void generate_weights<float>(const ModelConfig&, const Architecture&, const SublayerContext&,

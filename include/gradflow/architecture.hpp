@@ -62,6 +62,9 @@ struct Architecture {
   std::optional<double> (*skip_gain_theory)(const SublayerContext&) = nullptr;
   // Multiplier on the base init's standard deviation (DeepNorm's beta), 1 when null.
   double (*init_gain)(const SublayerContext&, WeightMatrix) = nullptr;
+  // nGPT: after the base draw, every matrix is normalised along the width-d (embedding) dimension
+  // (normalize_along_width, initialization.hpp).
+  bool unit_norm_weights = false;
 };
 
 const std::vector<Architecture>& architectures();

@@ -45,11 +45,21 @@ class WeightDraw final : public IdleWork {
     int first_chunk;
   };
   bool draw(int thread);  // one chunk of thread's list, false when that list is done
+  SublayerWeights<Scalar>* weights_ = nullptr;
+  bool unit_norm_ = false;  // Architecture::unit_norm_weights: finish() normalises along d
+  SublayerKind kind_ = SublayerKind::attn;
   Matrix matrices_[4] = {};
   int matrix_count_ = 0, total_chunks_ = 0;
   std::vector<int> chunks_[2];  // each thread's chunks, in drawing order
   std::atomic<int> next_[2] = {0, 0}, done_{0};
 };
+
+// nGPT's normalize_matrices() at init (NVIDIA/ngpt train.py L394-411): every vector along the
+// width-d (embedding) dimension gets unit norm, i.e. with y = x W the columns of W_Q, W_K, W_V
+// (d, d) and W_1 (d, 4d) and the rows of W_O (d, d) and W_2 (4d, d); only the matrices of `kind`
+// (a buffer may still hold the other kind's). Norms in double.
+template <typename Scalar>
+void normalize_along_width(SublayerKind kind, SublayerWeights<Scalar>& weights);
 
 // The test-only weight nudge (ModelConfig::weight_nudge), when it targets this sublayer.
 template <typename Scalar>

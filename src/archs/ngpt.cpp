@@ -3,7 +3,9 @@
 // s_uv = sqrt(d); no final norm (Loshchilov et al. 2024 "nGPT", arXiv 2410.01131, Sec. 2; NVIDIA/ngpt
 // model.py: justnorm, attn_alpha_init_value = 0.05, Block.forward `uv = suv * uv` with
 // suv = suv_init_value * sqrt(n_embd) = sqrt(d) at init, applied to both halves u and v before
-// the activation).
+// the activation). Every weight matrix is normalised along the embedding dimension at init
+// (train.py L394-411: normalize_matrices(), called before the first step; justnorm of query, key,
+// value and c_fc along n_embd = dim 1, of att_c_proj and mlp_c_proj along n_embd = dim 0).
 #include <cmath>
 
 #include "archs.hpp"
@@ -17,6 +19,7 @@ Architecture ngpt() {
   arch.final_norm = "none";
   arch.citation = "Loshchilov et al. 2024 \"nGPT\", arXiv 2410.01131";
   arch.expected_growth = "bounded";  // every state after the first sublayer lies on the unit sphere
+  arch.unit_norm_weights = true;
   arch.constants = [](const ModelConfig& config) -> Constants {
     return {{"alpha", 0.05, "0.05 (alpha_A, alpha_M at init)", "-"},
             {"s_uv", std::sqrt(static_cast<double>(config.width)),

@@ -92,6 +92,44 @@ TEST_CASE("ngpt: every state after the first sublayer has unit-norm tokens") {
   CHECK(constant("ngpt", small_f64(), "alpha") == 0.05);
 }
 
+TEST_CASE("ngpt: every weight matrix has unit norm along the width at init (normalize_matrices)") {
+  // NVIDIA/ngpt train.py L394-411: columns of W_Q, W_K, W_V, W_1 and rows of W_O, W_2 (y = x W);
+  // the base init (here xavier, which does not give unit norms) only sets their directions.
+  const ModelConfig config = small_f64(2);
+  const Eigen::Index d = config.width, hidden = config.ffn_hidden();
+  for (const std::string_view id : {"ngpt", "pre-ln"}) {
+    const Architecture& arch = find_architecture(id);
+    const auto tensors = run_tensors(config, arch, resolve_constants(arch, config), 1);
+    double worst = 0;  // largest |norm - 1| over the vectors along the width
+    for (int l = 0; l < config.sublayers(); ++l) {
+      const auto name = [l](const char* matrix) { return fmt::format("sublayer.{:04d}.{}", l, matrix); };
+      const auto columns = [&](const char* matrix, Eigen::Index cols) {
+        const Mat<double> m = to_matrix(tensor(tensors, name(matrix)), d, cols);
+        worst = std::max(worst, (m.colwise().norm().array() - 1).abs().maxCoeff());
+      };
+      const auto rows = [&](const char* matrix, Eigen::Index count) {
+        const Mat<double> m = to_matrix(tensor(tensors, name(matrix)), count, d);
+        worst = std::max(worst, (m.rowwise().norm().array() - 1).abs().maxCoeff());
+      };
+      if (config.sublayer_kind(l) == SublayerKind::attn) {
+        columns("W_Q", d);
+        columns("W_K", d);
+        columns("W_V", d);
+        rows("W_O", d);
+      } else {
+        columns("W_1", hidden);
+        rows("W_2", hidden);
+      }
+    }
+    CAPTURE(id);
+    if (id == "ngpt") {
+      CHECK(worst <= 1e-14);
+    } else {
+      CHECK(worst > 0.1);
+    }
+  }
+}
+
 TEST_CASE("ngpt: the FFN's hidden pre-activation is scaled by s_uv = sqrt(d) (independent re-run)") {
   // NVIDIA/ngpt model.py, Block.forward: `uv = suv * uv`, suv = sqrt(n_embd) at init. Re-runs the
   // stack with the plain ops and the exported weights, the FFN's W_1 multiplied by sqrt(d) here,
