@@ -2,6 +2,7 @@
 // become null, and `diverged` says why.
 #include <cmath>
 
+#include "gradflow/gemm.hpp"
 #include "gradflow/report.hpp"
 
 namespace gradflow {
@@ -39,7 +40,7 @@ json growth_to_json(const GrowthFit& fit) {
           {"fitted_states", {fit.first_state, fit.first_state + fit.points - 1}}};
 }
 
-json seed_to_json(const SeedResult& seed) {
+json seed_to_json(const SeedResult& seed, bool timing) {
   json states = {{"index", index_range(static_cast<int>(seed.states.values.front().size()))}};
   states.update(columns_to_json(seed.states));
   json streams = json::object();
@@ -78,6 +79,7 @@ json seed_to_json(const SeedResult& seed) {
     for (const auto& row : seed.angles_matrix) matrix.push_back(json_numbers(row));
     out["angles_matrix"] = matrix;
   }
+  if (!timing) return out;
   out["timing"] = {{"seconds", seed.seconds},
                    {"forward_seconds", seed.forward_seconds},
                    {"representation_seconds", seed.representation_seconds},
@@ -188,18 +190,44 @@ json report_to_json(const AnalysisReport& report) {
   json runs = json::array();
   for (const ArchResult& result : report.results) {
     json seeds = json::array();
-    for (const auto& seed : result.seeds) seeds.push_back(seed_to_json(seed));
+    for (const auto& seed : result.seeds) seeds.push_back(seed_to_json(seed, report.timing));
     runs.push_back({{"arch", std::string(result.arch->id)},
                     {"config", config_to_json(result)},
                     {"seeds", seeds},
                     {"aggregate", aggregate_to_json(result.seeds)}});
   }
-  return {{"schema_version", kSchemaVersion},
-          {"tool", {{"name", "gradflow"}, {"version", GRADFLOW_VERSION}}},
-          {"command", "analyze"},
-          {"threads", report.threads},
-          {"runs", runs},
-          {"timing", {{"total_seconds", report.total_seconds}}}};
+  json document = {{"schema_version", kSchemaVersion},
+                   {"tool", provenance_to_json()},
+                   {"command", "analyze"},
+                   {"threads", report.threads},
+                   {"runs", runs},
+                   {"timing", {{"total_seconds", report.total_seconds}}}};
+  if (!report.timing) {
+    document.erase("threads");
+    document.erase("timing");
+  }
+  return document;
+}
+
+json provenance_to_json() {
+#ifdef __clang__
+  const std::string compiler = "clang " __clang_version__;
+#elif defined(__GNUC__)
+  const std::string compiler = "gcc " __VERSION__;
+#else
+  const std::string compiler = "unknown";
+#endif
+#ifdef GRADFLOW_OPENBLAS
+  const char* float64_products = "openblas";
+#else
+  const char* float64_products = "eigen";
+#endif
+  return {{"name", "gradflow"},
+          {"version", GRADFLOW_VERSION},
+          {"commit", GRADFLOW_GIT_COMMIT},
+          {"compiler", compiler},
+          {"kernels", kTiledMultiply ? "avx512" : "portable"},
+          {"float64_products", float64_products}};
 }
 
 void write_json(const AnalysisReport& report, std::ostream& out) {

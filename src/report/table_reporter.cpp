@@ -89,7 +89,7 @@ std::string with_spread(const std::string& mean, double std, int seeds, int deci
 std::string_view class_colour(std::string_view growth_class) {
   if (growth_class == "bounded") return kGreen;
   if (growth_class == "sqrt") return kYellow;
-  if (growth_class == "linear" || growth_class == "other") return kRed;
+  if (growth_class == "linear" || growth_class == "other" || growth_class == "vanishing") return kRed;
   return {};
 }
 
