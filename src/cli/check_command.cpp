@@ -161,7 +161,7 @@ std::string markdown_report(const CheckOptions& options, const Tolerances& toler
                            rows.size() - options.max_rows);
         break;
       }
-      out += fmt::format("| {} | {:.3g} | {} | {:.1f}% | {} {} {} |\n", figure, d.difference, d.tolerance,
+      out += fmt::format("| {} | {:.3g} | {} | {:.3g}% | {} {} {} |\n", figure, d.difference, d.tolerance,
                          100 * share(d), d.placement, d.run, d.layer);
     }
   }

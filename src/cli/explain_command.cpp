@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "commands.hpp"
@@ -31,6 +32,24 @@ std::vector<std::pair<std::string, std::string>> sections() {
         continue;
       }
       if (current) current->second += line + "\n";
+    }
+  }
+  // Fields defined by a table row ("| `name` | meaning |") and not by a section of their own.
+  for (const std::string_view doc : {kOutputDoc, kMetricsDoc}) {
+    std::istringstream lines{std::string(doc)};
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (!line.starts_with("| `")) continue;
+      const auto end = line.find('`', 3);
+      const std::string name = line.substr(3, end - 3);
+      const bool known =
+          std::any_of(out.begin(), out.end(), [&](const auto& entry) { return entry.first == name; });
+      const auto meaning = line.find('|', end);
+      if (known || meaning == std::string::npos) continue;
+      std::string text = line.substr(meaning + 1);
+      while (text.ends_with("|") || text.ends_with(" ")) text.pop_back();
+      while (text.starts_with(" ")) text.erase(0, 1);
+      out.emplace_back(name, fmt::format("`{}`: {}\n", name, text));
     }
   }
   return out;

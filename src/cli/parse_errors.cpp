@@ -107,7 +107,8 @@ std::string describe(const CLI::App& sub, const CLI::ParseError& error,
   if (const std::string unknown = first_unknown_option(sub, args); !unknown.empty()) {
     // Reported first, whatever CLI11 tripped over: "--depths 2" makes --depth look missing.
     const std::string nearest = nearest_name(unknown, option_names(sub));
-    return fmt::format("unknown option {}{}", unknown, nearest.empty() ? "" : fmt::format("; did you mean {}?", nearest));
+    return fmt::format("unknown option {}{}", unknown,
+                       nearest.empty() ? "" : fmt::format("; did you mean {}?", nearest));
   }
   if (what.find("not expected: ") != std::string::npos) {
     // CLI11 lists the extras last first; name the first one given.
@@ -146,6 +147,8 @@ std::string describe(const CLI::App& sub, const CLI::ParseError& error,
   name = option->get_name();
   const std::optional<std::string> given = given_value(args, option);
   if (!given) return fmt::format("{} needs a value", name);
+  if (what.find("At Most 1 required") != std::string::npos)
+    return fmt::format("{} is given more than once; give it once", name);
   const std::string value = *given;
   if (std::regex_search(what, match, std::regex(R"(not in (\{.*\}))")))
     return not_a_choice(name, value, match[1]);

@@ -20,7 +20,7 @@ from cli_testing import finish, test
 
 BINARY = sys.argv[1] if len(sys.argv) > 1 else "build/gradflow"
 DOCS = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__), "..", "..", "docs")
-SMALL = ["--depth", "2", "--width", "16", "--heads", "2", "--seq", "4", "-q"]
+SMALL = ["--width", "16", "--heads", "2", "--seq", "4", "-q"]
 # Keys whose names are data, not fields: the stream names and the constants' names.
 DATA_KEYED = {"streams", "stream_growth", "constants"}
 
@@ -60,8 +60,8 @@ def run(*args):
 
 
 ANALYZE = [
-    ["--arch", "keel,pre-ln,resi-dual", "--seeds", "2", "--probes", "2"],
-    ["--arch", "keel", "--spectrum", "2", "--exact-jacobian", "--angles", "all", "--norm", "dyt"],
+    ["--arch", "keel,pre-ln,resi-dual", "--depth", "2", "--seeds", "2", "--probes", "2"],
+    ["--arch", "keel", "--depth", "2", "--spectrum", "2", "--exact-jacobian", "--angles", "all", "--norm", "dyt"],
     ["--arch", "plain", "--depth", "200"],  # diverged (underflow)
 ]
 
@@ -105,7 +105,7 @@ def every_sweep_and_check_field_is_documented():
         header = next(csv.reader(io.StringIO(run("merge", out, "--format", "csv"))))
         found |= set(header)
         result = os.path.join(tmp, "r.json")
-        assert subprocess.run([BINARY, "analyze", *SMALL, "--arch", "keel", "-o", result]).returncode == 0
+        assert subprocess.run([BINARY, "analyze", *SMALL, "--depth", "2", "--arch", "keel", "-o", result]).returncode == 0
         found |= json_keys(json.loads(run("check", result, "--baseline", result, "--json",
                                           "--expect", "keel.log10_grad_ratio < 1")))
         found |= json_keys(json.loads(run("archs", "--format", "json")))

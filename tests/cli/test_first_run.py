@@ -18,7 +18,7 @@ import time
 
 from cli_testing import finish, test
 
-BINARY = sys.argv[1] if len(sys.argv) > 1 else "build/gradflow"
+BINARY = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/gradflow")
 SMALL = ["--arch", "keel", "--depth", "2", "--width", "16", "--heads", "2", "--seq", "4", "-q"]
 
 

@@ -35,6 +35,7 @@ CASES = [
     Case("analyze depth abc", ["analyze", "--depth", "abc"], r"--depth \"abc\" must be a whole number"),
     Case("analyze depth 0", ["analyze", "--depth", "0"], r"--depth 0 must be at least 1 block; try --depth 64"),
     Case("analyze depth negative", ["analyze", "--depth", "-5"], r"--depth -5 must be at least 1 block"),
+    Case("analyze depth twice", ["analyze", "--depth", "2", "--depth", "3"], r"--depth is given more than once; give it once; " + HELP["analyze"]),
     Case("analyze depth without value", ["analyze", "--depth"], r"--depth needs a value; " + HELP["analyze"]),
     Case("analyze width 0", ["analyze", "--width", "0"], r"--width 0 must be positive; try --width 256"),
     Case("analyze seq 0", ["analyze", "--seq", "0"], r"--seq 0 must be at least 1 token; try --seq 64"),
