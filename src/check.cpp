@@ -427,11 +427,19 @@ ExpectationOutcome evaluate_expectation(const Expectation& e, const json& result
       if (e.path.size() == 1 &&
           e.path[0] == "growth_class") {  // the class of the mean exponent, as in aggregate
         std::vector<double> exponents;
-        for (const json& seed : seeds)
+        bool agree = true;  // the seeds' class when they agree (as in aggregate)
+        for (const json& seed : seeds) {
           exponents.push_back(lookup(seed.at("summary"), {"growth_exponent"}).is_number()
                                   ? lookup(seed.at("summary"), {"growth_exponent"}).get<double>()
                                   : std::nan(""));
-        values.push_back(std::string(growth_class(spread(exponents).mean)));
+          agree = agree && seed.at("summary").value("growth_class", json()) ==
+                               first_summary.value("growth_class", json());
+        }
+        if (agree && first_summary.value("growth_class", json()).is_string()) {
+          values.push_back(first_summary.at("growth_class"));
+        } else {
+          values.push_back(std::string(growth_class(spread(exponents).mean)));
+        }
         continue;
       }
       double sum = 0;

@@ -73,8 +73,8 @@ struct ExpectationOutcome {
   std::string actual;  // the value(s) it was evaluated on
 };
 // On an analyze document FIELD is a seed summary field (numbers averaged over seeds;
-// growth_class is the class of the mean exponent); on a sweep document it is a field of the
-// cross-depth fit, which must hold for every width. An object with a "value" stands for it.
+// growth_class is the seeds' class when they agree, else that of the mean exponent); on a sweep document it
+// is a field of the cross-depth fit, which must hold for every width. An object with a "value" stands for it.
 // Throws InputError naming an unknown arch or field.
 ExpectationOutcome evaluate_expectation(const Expectation& expectation, const nlohmann::ordered_json& result);
 

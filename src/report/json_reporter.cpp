@@ -120,6 +120,17 @@ json aggregate_columns(const std::vector<SeedResult>& seeds, const FigureColumns
   return out;
 }
 
+// The seeds' class when they agree (a collapsed stream is "vanishing" though its exponent may be
+// unfit), else the class of the mean exponent.
+std::string_view common_growth_class(const std::vector<SeedResult>& seeds,
+                                     const std::vector<double>& exponents) {
+  for (const auto& seed : seeds) {
+    if (seed.growth.growth_class != seeds.front().growth.growth_class)
+      return growth_class(spread(exponents).mean);
+  }
+  return seeds.front().growth.growth_class;
+}
+
 json aggregate_to_json(const std::vector<SeedResult>& seeds) {
   std::vector<double> ratio, exponent, gain_min, gain_max, effective_depth, input_share;
   for (const auto& seed : seeds) {
@@ -137,7 +148,7 @@ json aggregate_to_json(const std::vector<SeedResult>& seeds) {
           {"summary",
            {{"log10_grad_ratio", spread_to_json(ratio)},
             {"growth_exponent", spread_to_json(exponent)},
-            {"growth_class", growth_class(spread(exponent).mean)},
+            {"growth_class", common_growth_class(seeds, exponent)},
             {"gain_min", spread_to_json(gain_min)},
             {"gain_max", spread_to_json(gain_max)},
             {"effective_depth", spread_to_json(effective_depth)},
