@@ -42,7 +42,7 @@ LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y) {
 
 std::string_view growth_class(double exponent) {
   if (!std::isfinite(exponent)) return "undetermined";
-  if (exponent < -0.15) return "vanishing";
+  if (exponent < -0.35) return "vanishing";
   if (exponent < 0.15) return "bounded";
   if (exponent >= 0.35 && exponent <= 0.65) return "sqrt";
   if (exponent >= 0.85 && exponent <= 1.15) return "linear";
