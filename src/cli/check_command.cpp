@@ -109,7 +109,7 @@ std::string markdown_report(const CheckOptions& options, const Tolerances& toler
     }
     out += fmt::format("\nWhat to do: {}.\n\n", mismatch_advice(comparison));
   }
-  if (comparison.runs_compared == 0) {
+  if (comparison.runs_compared == 0 && comparison.mismatches.empty()) {  // else the mismatch says why
     out += fmt::format(
         "### FAIL: nothing was compared\n\nA gate that compares nothing cannot pass (exit 2): {}.\n\n",
         nothing_compared_advice(result, baseline));
@@ -199,7 +199,7 @@ json json_report(const CheckOptions& options, const Comparison& comparison,
   json problems = json::array();
   if (!comparison.mismatches.empty())
     problems.push_back({{"problem", "configuration mismatch"}, {"advice", mismatch_advice(comparison)}});
-  if (comparison.runs_compared == 0)
+  if (comparison.runs_compared == 0 && comparison.mismatches.empty())
     problems.push_back(
         {{"problem", "nothing compared"}, {"advice", nothing_compared_advice(result, baseline)}});
   json regressions = json::array();

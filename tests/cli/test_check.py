@@ -166,6 +166,7 @@ def a_changed_configuration_is_a_fail_block_with_exit_2_and_advice_both_ways():
         assert "## gradflow check: FAIL" in report, report
         assert "### FAIL: the result and the baseline measure different configurations" in report, report
         assert "| keel | init (`--init`) | gpt2 | xavier |" in report, report
+        assert "nothing was compared" not in report, report  # the mismatch is the reason, said once
         # The advice covers an accidental change first, and an intended one only after review.
         assert "was not meant to change, rerun it with the baseline's (--init xavier)" in report, report
         assert "if the change was intended, review its figures first" in report, report

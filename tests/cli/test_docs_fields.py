@@ -108,6 +108,14 @@ def every_sweep_and_check_field_is_documented():
         assert subprocess.run([BINARY, "analyze", *SMALL, "--depth", "2", "--arch", "keel", "-o", result]).returncode == 0
         found |= json_keys(json.loads(run("check", result, "--baseline", result, "--json",
                                           "--expect", "keel.log10_grad_ratio < 1")))
+        changed = os.path.join(tmp, "gpt2.json")  # a mismatch: the report's not_compared and mismatches
+        assert subprocess.run([BINARY, "analyze", *SMALL, "--depth", "2", "--arch", "keel", "--init", "gpt2",
+                               "-o", changed]).returncode == 0
+        proc = subprocess.run([BINARY, "check", changed, "--baseline", result, "--json"], capture_output=True, text=True)
+        assert proc.returncode == 2, proc.stderr
+        report = json.loads(proc.stdout)
+        assert report["mismatches"] and report["not_compared"], report
+        found |= json_keys(report)
         found |= json_keys(json.loads(run("archs", "--format", "json")))
     missing = undocumented(found)
     assert not missing, f"sweep, check or archs fields without an entry in docs/: {missing}"
