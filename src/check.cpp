@@ -59,6 +59,11 @@ struct FigureComparer {
         note = "non-positive; absolute difference";
       }
     }
+    if (std::isfinite(difference)) {
+      auto [entry, added] = comparison.largest.try_emplace(figure);
+      if (added || difference > entry->second.difference)
+        entry->second = {difference, tolerance, placement, run, layer};
+    }
     if (difference > tolerance) flag(difference, note);
   }
 
@@ -93,16 +98,17 @@ constexpr const char* kConfigFields[] = {"blocks", "sublayers",  "block",       
                                          "seq",    "norm",       "init",        "precision", "branch",
                                          "probes", "input_corr", "keel_variant"};
 
-void require_same_config(const json& result_config, const json& baseline_config, const std::string& arch) {
+// Records a mismatch and returns false when the two runs measure different configurations.
+bool same_config(const json& result_config, const json& baseline_config, const std::string& arch,
+                 Comparison& comparison) {
   for (const char* field : kConfigFields) {
     const json a = baseline_config.value(field, json()), b = result_config.value(field, json());
     if (a != b) {
-      throw InputError(
-          fmt::format("the result and the baseline measure different configurations for {}: {} is {} in the "
-                      "result but {} in the baseline; regenerate the baseline with the result's command",
-                      arch, field, b.dump(), a.dump()));
+      comparison.mismatches.push_back({arch, field, b, a});
+      return false;
     }
   }
+  return true;
 }
 
 void compare_analyze(const json& result, const json& baseline, const Tolerances& tolerances,
@@ -114,12 +120,15 @@ void compare_analyze(const json& result, const json& baseline, const Tolerances&
     for (const json& candidate : result.at("runs")) {
       if (candidate.at("arch") == arch) new_run = &candidate;
     }
+    if (new_run && !same_config(new_run->at("config"), old_run.at("config"), arch, comparison)) {
+      matched.insert(arch);  // reported as a mismatch, not as runs missing or extra
+      continue;
+    }
     for (const json& old_seed : old_run.at("seeds")) {
       const std::string run = fmt::format("seed {}", old_seed.at("seed").dump());
       FigureComparer comparer{tolerances, comparison, arch, run};
       const json* new_seed = nullptr;
       if (new_run) {
-        require_same_config(new_run->at("config"), old_run.at("config"), arch);
         for (const json& candidate : new_run->at("seeds")) {
           if (candidate.at("seed") == old_seed.at("seed")) new_seed = &candidate;
         }
@@ -165,6 +174,7 @@ void compare_analyze(const json& result, const json& baseline, const Tolerances&
     }
   }
   for (const json& new_run : result.at("runs")) {
+    if (matched.count(new_run.at("arch").get<std::string>())) continue;
     for (const json& seed : new_run.at("seeds")) {
       const std::string key =
           fmt::format("{} seed {}", new_run.at("arch").get<std::string>(), seed.at("seed").dump());
@@ -177,10 +187,8 @@ void compare_sweep(const json& result, const json& baseline, const Tolerances& t
                    Comparison& comparison) {
   for (const auto& [field, value] : baseline.at("model").items()) {
     if (result.at("model").value(field, json()) != value) {
-      throw InputError(fmt::format(
-          "the result and the baseline sweeps have different model options: {} is {} in the result "
-          "but {} in the baseline",
-          field, result.at("model").value(field, json()).dump(), value.dump()));
+      comparison.mismatches.push_back({"(all)", field, result.at("model").value(field, json()), value});
+      return;
     }
   }
   for (const json& old_cell : baseline.at("cells")) {
@@ -419,11 +427,19 @@ ExpectationOutcome evaluate_expectation(const Expectation& e, const json& result
       if (e.path.size() == 1 &&
           e.path[0] == "growth_class") {  // the class of the mean exponent, as in aggregate
         std::vector<double> exponents;
-        for (const json& seed : seeds)
+        bool agree = true;  // the seeds' class when they agree (as in aggregate)
+        for (const json& seed : seeds) {
           exponents.push_back(lookup(seed.at("summary"), {"growth_exponent"}).is_number()
                                   ? lookup(seed.at("summary"), {"growth_exponent"}).get<double>()
                                   : std::nan(""));
-        values.push_back(std::string(growth_class(spread(exponents).mean)));
+          agree = agree && seed.at("summary").value("growth_class", json()) ==
+                               first_summary.value("growth_class", json());
+        }
+        if (agree && first_summary.value("growth_class", json()).is_string()) {
+          values.push_back(first_summary.at("growth_class"));
+        } else {
+          values.push_back(std::string(growth_class(spread(exponents).mean)));
+        }
         continue;
       }
       double sum = 0;

@@ -98,9 +98,25 @@ void validate(const ModelConfig& config) {
   if (config.heads < 1)
     throw InputError(fmt::format("--heads {} must be positive; try --heads 4", config.heads));
   if (config.width % config.heads != 0) {
-    const int suggestion = (config.width / config.heads + 1) * config.heads;
-    throw InputError(fmt::format("--width {} is not divisible by --heads {}; try --width {}", config.width,
-                                 config.heads, suggestion));
+    // The user more likely mistyped the head count than the width: suggest the nearest head count
+    // that divides the width (the larger on a tie), then the nearest width the heads divide.
+    int heads = 1;
+    for (int step = 1; step < config.heads; ++step) {  // 1 divides every width, so this ends
+      if (config.heads + step <= config.width && config.width % (config.heads + step) == 0) {
+        heads = config.heads + step;
+        break;
+      }
+      if (config.width % (config.heads - step) == 0) {
+        heads = config.heads - step;
+        break;
+      }
+    }
+    const int below = config.width / config.heads * config.heads;
+    const int width = below >= config.heads && config.width - below <= below + config.heads - config.width
+                          ? below
+                          : below + config.heads;
+    throw InputError(fmt::format("--width {} is not divisible by --heads {}; try --heads {} or --width {}",
+                                 config.width, config.heads, heads, width));
   }
   if (config.seq < 1)
     throw InputError(fmt::format("--seq {} must be at least 1 token; try --seq 64", config.seq));

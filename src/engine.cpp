@@ -314,6 +314,17 @@ class Analysis {
         representation_figures(l);
         return false;
       }
+      // A state below the precision's smallest normal has lost its digits (plain stacks collapse to
+      // exact zeros): reported like an overflow, though the pass goes on with the numbers it has.
+      const double rms = result_.states.at("rms")[l + 1];
+      if (!result_.diverged && rms < static_cast<double>(std::numeric_limits<Scalar>::min())) {
+        result_.diverged = Divergence{
+            l, "underflow",
+            fmt::format(
+                "state x_{} underflowed (rms {:.3g}, below the smallest normal {} number, {:.3g}); the "
+                "stream has collapsed and figures after sublayer {} describe zeros",
+                l + 1, rms, to_string(config_.precision), std::numeric_limits<Scalar>::min(), l)};
+      }
       report_progress(l + 1);
     }
     result_.forward_seconds += seconds_since(start);
@@ -460,8 +471,9 @@ class Analysis {
     executor_.backward(graph_, cotangent_out_, true, branch_context(head), gradient_);
     std::vector<double> log_norms, stream_norms;
     if (!renormalise(gradient_, log_norms, stream_norms)) {
-      result_.diverged =
-          Divergence{sublayers_, "backward", "the output gradient dL/dx_S is zero or not finite"};
+      if (!result_.diverged)  // an underflow in the forward pass is the cause; keep it
+        result_.diverged =
+            Divergence{sublayers_, "backward", "the output gradient dL/dx_S is zero or not finite"};
       return;
     }
     log_scale_ = log_norms;
@@ -505,11 +517,13 @@ class Analysis {
       skip_gain[l] = std::sqrt(total_skip / weights);
       branch_gain[l] = std::sqrt(total_branch / weights);
       if (!renormalise(previous_, log_norms, stream_norms)) {
-        result_.diverged = Divergence{
-            l, "backward",
-            fmt::format(
-                "the gradient through sublayer {} became zero or non-finite; states below {} are null", l,
-                l)};
+        if (!result_.diverged) {  // an underflow in the forward pass is the cause; keep it
+          result_.diverged = Divergence{
+              l, "backward",
+              fmt::format(
+                  "the gradient through sublayer {} became zero or non-finite; states below {} are null", l,
+                  l)};
+        }
         return;
       }
       for (int k = 0; k < probes; ++k) log_scale_[k] += log_norms[k];

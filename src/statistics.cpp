@@ -1,6 +1,7 @@
 // Line fits, growth classes and across-seed spreads.
 #include "gradflow/statistics.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -41,6 +42,7 @@ LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y) {
 
 std::string_view growth_class(double exponent) {
   if (!std::isfinite(exponent)) return "undetermined";
+  if (exponent < -0.35) return "vanishing";
   if (exponent < 0.15) return "bounded";
   if (exponent >= 0.35 && exponent <= 0.65) return "sqrt";
   if (exponent >= 0.85 && exponent <= 1.15) return "linear";
@@ -56,7 +58,11 @@ GrowthFit fit_growth(const std::vector<double>& rms_by_state) {
     log_rms.push_back(rms_by_state[l] > 0 ? std::log(rms_by_state[l]) : kNaN);
   }
   const LineFit line = fit_line(log_l, log_rms);
-  return {line.slope, line.slope_standard_error, first, line.points, growth_class(line.slope)};
+  // A stream that reaches exact zero in the fitted range has collapsed, whatever its fit says.
+  const bool collapsed =
+      std::any_of(rms_by_state.begin() + first, rms_by_state.end(), [](double r) { return r == 0; });
+  return {line.slope, line.slope_standard_error, first, line.points,
+          collapsed ? std::string_view("vanishing") : growth_class(line.slope)};
 }
 
 double student_t_975(int degrees_of_freedom) {

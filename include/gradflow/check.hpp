@@ -32,15 +32,31 @@ struct Regression {
   std::string note;  // e.g. "missing from the result", "became null"
 };
 
+// A run of the baseline whose counterpart in the result measures another configuration: not
+// compared, and the check cannot pass.
+struct ConfigMismatch {
+  std::string placement, field;
+  nlohmann::ordered_json result_value, baseline_value;
+};
+
+// The largest finite difference seen for one figure, and where.
+struct LargestDifference {
+  double difference = 0.0, tolerance = 0.0;
+  std::string placement, run, layer;
+};
+
 struct Comparison {
   long long figures_compared = 0;
   int runs_compared = 0;
   std::vector<Regression> regressions;
-  std::vector<std::string> notes;  // runs present only in the result, and the like
+  std::vector<ConfigMismatch> mismatches;
+  std::map<std::string, LargestDifference> largest;  // by figure name
+  std::vector<std::string> notes;                    // runs present only in the result, and the like
 };
 // Compares every figure of every run of `baseline` with the run of `result` with the same arch
-// and seed (and depth and width, for sweeps). Throws InputError when a document is not a gradflow
-// document or matching runs measure different configurations (naming the field and both values).
+// and seed (and depth and width, for sweeps). Runs of different configurations are recorded in
+// `mismatches` (field and both values) and not compared. Throws InputError when a document is not
+// a gradflow document.
 Comparison compare_documents(const nlohmann::ordered_json& result, const nlohmann::ordered_json& baseline,
                              const Tolerances& tolerances);
 
@@ -57,8 +73,8 @@ struct ExpectationOutcome {
   std::string actual;  // the value(s) it was evaluated on
 };
 // On an analyze document FIELD is a seed summary field (numbers averaged over seeds;
-// growth_class is the class of the mean exponent); on a sweep document it is a field of the
-// cross-depth fit, which must hold for every width. An object with a "value" stands for it.
+// growth_class is the seeds' class when they agree, else that of the mean exponent); on a sweep document it
+// is a field of the cross-depth fit, which must hold for every width. An object with a "value" stands for it.
 // Throws InputError naming an unknown arch or field.
 ExpectationOutcome evaluate_expectation(const Expectation& expectation, const nlohmann::ordered_json& result);
 

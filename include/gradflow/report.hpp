@@ -16,7 +16,14 @@ struct AnalysisReport {
   std::vector<ArchResult> results;
   int threads = 1;
   double total_seconds = 0.0;
+  bool timing = true;  // false (--no-timing): no wall times and no thread count, for byte-comparable output
 };
+
+// Where the numbers come from (JSON "tool"): version, the git commit CMake saw when it configured the
+// build ("" outside a checkout), the compiler, and which product kernels ran: "avx512" (gradflow's
+// tiled float32 kernels) or "portable" (Eigen), with "openblas" or "eigen" for float64 products.
+// Figures differ between kernel paths by float rounding.
+nlohmann::ordered_json provenance_to_json();
 
 // A double as JSON: the number, or null when it is not finite (the document's `diverged` says why).
 nlohmann::ordered_json json_number(double value);

@@ -13,8 +13,8 @@ struct LineFit {
 // points, its standard error NaN below 3.
 LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y);
 
-// metrics.md: bounded (p < 0.15), sqrt (0.35-0.65), linear (0.85-1.15), else other;
-// "undetermined" when the exponent could not be fitted.
+// docs/metrics.md: vanishing (p < -0.35: a collapsing stream), bounded (-0.35 <= p < 0.15), sqrt
+// (0.35-0.65), linear (0.85-1.15), else other; "undetermined" when the exponent could not be fitted.
 std::string_view growth_class(double exponent);
 
 struct GrowthFit {

@@ -2,11 +2,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <stdexcept>
 
 #include "archs.hpp"
 #include "gradflow/errors.hpp"
+#include "gradflow/suggest.hpp"
 
 namespace gradflow {
 
@@ -39,34 +41,43 @@ const std::vector<Architecture>& architectures() {
 }
 
 namespace {
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
+// How people spell placements: case, separators and "norm" for "ln" vary ("PreNorm", "post_ln"),
+// so names are compared in one spelling: lower case, no separators, "layernorm"/"norm" as "ln".
+std::string canonical_spelling(std::string_view name) {
+  std::string out;
+  for (const char c : name) {
+    if (c == '-' || c == '_' || c == ' ') continue;
+    out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   }
-  return row[b.size()];
+  for (const std::string_view long_form : {"layernorm", "norm"}) {
+    for (auto at = out.find(long_form); at != std::string::npos; at = out.find(long_form))
+      out.replace(at, long_form.size(), "ln");
+  }
+  return out;
 }
 }  // namespace
 
 const Architecture& find_architecture(std::string_view id) {
-  const Architecture* nearest = nullptr;
-  std::size_t best = SIZE_MAX;
+  std::vector<std::string> spellings;
+  std::vector<const Architecture*> owners;
   for (const Architecture& arch : architectures()) {
     if (arch.id == id || std::find(arch.aliases.begin(), arch.aliases.end(), id) != arch.aliases.end())
       return arch;
-    const std::size_t distance = edit_distance(id, arch.id);
-    if (distance < best) best = distance, nearest = &arch;
+    spellings.push_back(canonical_spelling(arch.id));
+    owners.push_back(&arch);
+    for (const auto alias : arch.aliases)
+      spellings.push_back(canonical_spelling(alias)), owners.push_back(&arch);
   }
-  throw InputError(
-      fmt::format("--arch {:?} is not a known placement; did you mean {:?}? ('gradflow archs' lists all)",
-                  std::string(id), std::string(nearest->id)));
+  const std::string typed = canonical_spelling(id);
+  const std::string nearest = nearest_name(typed, spellings);
+  const auto at = std::find(spellings.begin(), spellings.end(), nearest);
+  if (nearest.empty() || at == spellings.end()) {
+    throw InputError(fmt::format("--arch {:?} is not a known placement; 'gradflow archs' lists all of them",
+                                 std::string(id)));
+  }
+  throw InputError(fmt::format(
+      "--arch {:?} is not a known placement; did you mean {:?}? ('gradflow archs' lists all)",
+      std::string(id), std::string(owners[static_cast<std::size_t>(at - spellings.begin())]->id)));
 }
 
 std::vector<const Architecture*> parse_architecture_list(std::string_view list) {
@@ -82,6 +93,11 @@ std::vector<const Architecture*> parse_architecture_list(std::string_view list) 
     if (name.empty())
       throw InputError(
           fmt::format("--arch {:?} has an empty name; separate names by single commas", std::string(list)));
+    if (name == "all") {
+      throw InputError(fmt::format(
+          "--arch {:?}: 'all' already names every placement; give --arch all alone, or list placements",
+          std::string(list)));
+    }
     const Architecture* arch = &find_architecture(name);
     if (std::find(result.begin(), result.end(), arch) == result.end()) result.push_back(arch);
     start = comma + 1;

@@ -17,16 +17,22 @@
 namespace gradflow::cli {
 
 namespace {
+// Runs expected to take longer than this get an estimate on stderr before they start.
+constexpr double kEstimateAbove = 60.0;
+
 struct AnalyzeOptions {
   ModelOptions model;
   std::string arch = "keel";
   std::uint64_t seed = 0;
   int seeds = 0;  // 0: just --seed
   int threads = 0;
-  std::string format = "json";
+  std::string format;  // "": by destination (resolve_output_format)
   std::string output;
   std::string export_weights;
   bool quiet = false;
+  bool no_timing = false;
+  const CLI::Option* output_flag = nullptr;
+  const CLI::Option* seeds_flag = nullptr;
   std::string angles = "consecutive";
 };
 
@@ -39,7 +45,45 @@ std::string export_path(const std::string& base, std::string_view arch, std::uin
       .string();
 }
 
+// Wall time of `runs` runs of this configuration, from the bench's measurement (bench/results.md:
+// about 2.3 ms per sublayer on one core at d = 256, T = 64 in f32), scaled by the dense work per
+// sublayer (T d^2 + T^2 d), the probes' backward passes and the precision; runs share the cores.
+double estimated_seconds(const ModelConfig& model, long long runs, int threads) {
+  constexpr double kSecondsPerSublayerAtDefaults = 2.3e-3;
+  const double work = static_cast<double>(model.seq) * model.width * (model.width + model.seq);
+  const double default_work = 64.0 * 256.0 * (256.0 + 64.0);
+  const double probes = (2.0 + model.probes) / 3.0;  // forward + recompute fixed, backward per probe
+  const double precision = model.precision == Precision::f64 ? 2.0 : 1.0;
+  const double cores =
+      std::max(1, std::min<int>(threads, static_cast<int>(std::thread::hardware_concurrency())));
+  return kSecondsPerSublayerAtDefaults * model.sublayers() * (work / default_work) * probes * precision *
+         static_cast<double>(runs) / cores;
+}
+
+std::string duration_text(double seconds) {
+  if (seconds < 120) return fmt::format("{:.0f} s", seconds);
+  if (seconds < 7200) return fmt::format("{:.0f} min", seconds / 60);
+  if (seconds < 2 * 86400) return fmt::format("{:.1f} h", seconds / 3600);
+  return fmt::format("{:.1f} days", seconds / 86400);
+}
+
 int run_analyze(const AnalyzeOptions& options) {
+  if (options.seeds_flag && options.seeds_flag->count() > 0 && options.seeds < 1) {
+    throw InputError(
+        fmt::format("--seeds {} must be at least 1 (seeds 0..N-1); try --seeds 1, or --seed S for one "
+                    "seed",
+                    options.seeds));
+  }
+  if (!options.export_weights.empty() &&
+      std::filesystem::path(options.export_weights).extension() != ".safetensors") {
+    throw InputError(fmt::format(
+        "--export-weights {} must name a .safetensors file (the only format it writes); try --export-weights "
+        "{}",
+        options.export_weights,
+        std::filesystem::path(options.export_weights).replace_extension(".safetensors").string()));
+  }
+  const std::string format = resolve_output_format(options.format, options.output_flag, options.output,
+                                                   {"json", "csv", "table", "markdown"}, "table");
   ModelConfig model = resolve_model(options.model);
   model.angles_all = options.angles == "all";
   validate(model);
@@ -57,12 +101,18 @@ int run_analyze(const AnalyzeOptions& options) {
 
   const int jobs = static_cast<int>(archs.size() * seeds.size());
   check_memory(model, archs, std::min(threads, jobs));
-  if (model.angles_all && options.format == "csv") {
+  if (model.angles_all && format == "csv") {
     fmt::print(
         stderr,
         "gradflow: warning: the --angles all matrix is written in JSON only; use --format json to get it\n");
   }
   AtomicOutput output(options.output);  // fails now, before any work, if the path is not writable
+  if (const double seconds = estimated_seconds(model, jobs, threads); seconds > kEstimateAbove) {
+    fmt::print(stderr,
+               "gradflow: note: {} run(s) of {} sublayers will take about {} on {} thread(s) (estimate); "
+               "Ctrl-C stops it, fewer --seeds or a smaller --depth shortens it\n",
+               jobs, model.sublayers(), duration_text(seconds), threads);
+  }
 
   const auto start = std::chrono::steady_clock::now();
   AnalysisReport report;
@@ -129,12 +179,13 @@ int run_analyze(const AnalyzeOptions& options) {
       }
     }
   }
-  if (options.format == "csv") {
+  report.timing = !options.no_timing;
+  if (format == "csv") {
     write_csv(report, output.stream());
-  } else if (options.format == "table") {
+  } else if (format == "table") {
     write_table(report, output.stream(),
                 (options.output.empty() || options.output == "-") && stdout_is_terminal());
-  } else if (options.format == "markdown") {
+  } else if (format == "markdown") {
     write_markdown(report, output.stream());
   } else {
     write_json(report, output.stream());
@@ -166,20 +217,28 @@ Command setup_analyze(CLI::App& app) {
   sub->add_flag("--exact-jacobian", m.exact_jacobian,
                 "Full Jacobian from each state to the output, exact Frobenius and spectral norms (seq * "
                 "width <= 4096)");
-  auto* seed = sub->add_option("--seed", options->seed, "Seed of a single run");
-  sub->add_option("--seeds", options->seeds, "Run seeds 0..N-1 and add mean, std and 95% intervals")
-      ->excludes(seed)
-      ->default_str("off");
+  auto* seed =
+      sub->add_option("--seed", options->seed, "Seed of a single run")->check(CLI::NonNegativeNumber);
+  options->seeds_flag =
+      sub->add_option("--seeds", options->seeds, "Run seeds 0..N-1 and add mean, std and 95% intervals")
+          ->excludes(seed)
+          ->default_str("off");
   sub->add_option("--threads", options->threads,
                   "Threads: several runs (placements x seeds) run side by side; a single run splits each op "
                   "over two of them. Results are identical for every count")
       ->default_str("all cores");
-  sub->add_option("--format", options->format,
-                  "Output format: json, csv, table (a summary for the terminal) or markdown (the same as a "
-                  "Markdown table)")
-      ->check(CLI::IsMember({"json", "csv", "table", "markdown"}));
-  sub->add_option("-o,--output", options->output, "Write to FILE (whole or not at all) instead of stdout")
-      ->default_str("stdout");
+  sub->add_option(
+         "--format", options->format,
+         "Output format: json, csv, table (a summary for people) or markdown (the same as a Markdown "
+         "table). Default: table on a terminal; JSON when piped; with -o, the format the file's "
+         "extension names (.json, .csv, .md; JSON otherwise)")
+      ->check(CLI::IsMember({"json", "csv", "table", "markdown"}))
+      ->default_str("by destination");
+  options->output_flag =
+      sub->add_option("-o,--output", options->output, "Write to FILE (whole or not at all) instead of stdout")
+          ->default_str("stdout");
+  sub->add_flag("--no-timing", options->no_timing,
+                "Leave wall times and the thread count out of the JSON, so that two runs compare with cmp");
   sub->add_option("--export-weights", options->export_weights,
                   "Also write input, probes and every weight to a .safetensors file (one per arch and seed)")
       ->default_str("off");

@@ -84,7 +84,8 @@ int run_archs(const ArchsOptions& options) {
       fmt::print(
           "{}{}\n  update:      {}\n  final norm:  {}\n  constants:   {}  (at depth B = {}, S = {})\n  "
           "streams:     {}\n"
-          "  growth:      {} at init (growth class of the residual stream, metrics.md)\n  source:      {}\n",
+          "  growth:      {} at init (growth class of the residual stream, docs/metrics.md)\n  source:      "
+          "{}\n",
           arch->id, arch->provisional ? "  [PROVISIONAL]" : "", arch->update_rule, arch->final_norm,
           constants_text(*arch, config), config.blocks, config.sublayers(), fmt::join(arch->streams, ", "),
           arch->expected_growth, arch->citation);

@@ -1,9 +1,12 @@
 // `gradflow check`: a CI gate. Compares a result with a baseline figure by figure within
 // tolerances, evaluates --expect expressions, prints a Markdown report (or --json), exits 0 / 1 / 2.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <map>
 
 #include "commands.hpp"
 #include "gradflow/check.hpp"
@@ -28,12 +31,89 @@ std::string shown(const json& value) {
   return value.dump();
 }
 
+// The analyze flag that sets a configuration field, for advice on a mismatch.
+std::string flag_of(const std::string& field) {
+  static const std::map<std::string, std::string> flags = {{"blocks", "--depth"},
+                                                           {"sublayers", "--depth/--block"},
+                                                           {"block", "--block"},
+                                                           {"width", "--width"},
+                                                           {"heads", "--heads"},
+                                                           {"seq", "--seq"},
+                                                           {"norm", "--norm"},
+                                                           {"init", "--init"},
+                                                           {"precision", "--precision"},
+                                                           {"branch", "--ideal-branch"},
+                                                           {"probes", "--probes"},
+                                                           {"input_corr", "--input-corr"},
+                                                           {"keel_variant", "--keel-variant"}};
+  const auto found = flags.find(field);
+  return found == flags.end() ? field : found->second;
+}
+
+// The runs of a document, "arch seed N" (or "arch B.. d.. seed N" for sweeps), for the report.
+std::vector<std::string> run_names(const json& doc) {
+  std::vector<std::string> names;
+  if (doc.contains("cells") && doc.at("cells").is_array()) {
+    for (const json& cell : doc.at("cells"))
+      names.push_back(fmt::format("{} B{} d{} seed {}", cell.value("arch", "?"),
+                                  cell.value("blocks", json()).dump(), cell.value("width", json()).dump(),
+                                  cell.value("seed", json()).dump()));
+  } else if (doc.contains("runs") && doc.at("runs").is_array()) {
+    for (const json& run : doc.at("runs")) {
+      if (!run.contains("seeds") || !run.at("seeds").is_array()) continue;
+      for (const json& seed : run.at("seeds"))
+        names.push_back(fmt::format("{} seed {}", run.value("arch", "?"), seed.value("seed", json()).dump()));
+    }
+  }
+  return names;
+}
+
+std::string shortened_list(const std::vector<std::string>& names) {
+  if (names.empty()) return "none";
+  if (names.size() <= 6) return fmt::format("{}", fmt::join(names, ", "));
+  return fmt::format("{}, ... ({} in all)", fmt::join(names.begin(), names.begin() + 6, ", "), names.size());
+}
+
+std::string mismatch_advice(const Comparison& comparison) {
+  const ConfigMismatch& m = comparison.mismatches.front();
+  return fmt::format(
+      "if the result's {} was not meant to change, rerun it with the baseline's ({} {}); if the change was "
+      "intended, review its figures first, then regenerate the baseline with the result's command",
+      m.field, flag_of(m.field), shown(m.baseline_value));
+}
+
+std::string nothing_compared_advice(const json& result, const json& baseline) {
+  return fmt::format(
+      "no run of the result (runs: {}) matches a run of the baseline (runs: {}); runs are matched by "
+      "placement "
+      "and seed (and depth and width in sweeps), so rerun the result with the baseline's --arch and seeds, "
+      "or "
+      "choose the baseline of the placement you ran",
+      shortened_list(run_names(result)), shortened_list(run_names(baseline)));
+}
+
 std::string markdown_report(const CheckOptions& options, const Tolerances& tolerances,
                             const Comparison& comparison, const std::vector<ExpectationOutcome>& outcomes,
-                            bool passed) {
+                            bool passed, const json& result, const json& baseline) {
   int failed_expectations = 0;
   for (const auto& outcome : outcomes) failed_expectations += outcome.passed ? 0 : 1;
   std::string out = fmt::format("## gradflow check: {}\n\n", passed ? "PASS" : "FAIL");
+  if (!comparison.mismatches.empty()) {
+    out += fmt::format(
+        "### FAIL: the result and the baseline measure different configurations\n\n"
+        "These runs were not compared (exit 2):\n\n| placement | field | result | baseline "
+        "|\n|---|---|---|---|\n");
+    for (const ConfigMismatch& m : comparison.mismatches) {
+      out += fmt::format("| {} | {} (`{}`) | {} | {} |\n", m.placement, m.field, flag_of(m.field),
+                         shown(m.result_value), shown(m.baseline_value));
+    }
+    out += fmt::format("\nWhat to do: {}.\n\n", mismatch_advice(comparison));
+  }
+  if (comparison.runs_compared == 0 && comparison.mismatches.empty()) {  // else the mismatch says why
+    out += fmt::format(
+        "### FAIL: nothing was compared\n\nA gate that compares nothing cannot pass (exit 2): {}.\n\n",
+        nothing_compared_advice(result, baseline));
+  }
   out += fmt::format("{} regression(s) in {} figures of {} run(s) (result `{}`, baseline `{}`)",
                      comparison.regressions.size(), comparison.figures_compared, comparison.runs_compared,
                      options.result, options.baseline);
@@ -62,6 +142,29 @@ std::string markdown_report(const CheckOptions& options, const Tolerances& toler
                          r.note);
     }
   }
+  if (!comparison.largest.empty()) {
+    std::vector<std::pair<std::string, LargestDifference>> rows(comparison.largest.begin(),
+                                                                comparison.largest.end());
+    const auto share = [](const LargestDifference& d) {
+      return d.tolerance > 0 ? d.difference / d.tolerance : (d.difference > 0 ? INFINITY : 0.0);
+    };
+    std::stable_sort(rows.begin(), rows.end(),
+                     [&](const auto& a, const auto& b) { return share(a.second) > share(b.second); });
+    out +=
+        "\n### Largest difference per figure\n\n| figure | largest difference | tolerance | of tolerance | "
+        "where "
+        "|\n|---|---|---|---|---|\n";
+    int shown_rows = 0;
+    for (const auto& [figure, d] : rows) {
+      if (++shown_rows > options.max_rows) {
+        out += fmt::format("\n... and {} more figures (all of them with --json).\n",
+                           rows.size() - options.max_rows);
+        break;
+      }
+      out += fmt::format("| {} | {:.3g} | {} | {:.3g}% | {} {} {} |\n", figure, d.difference, d.tolerance,
+                         100 * share(d), d.placement, d.run, d.layer);
+    }
+  }
   if (!outcomes.empty()) {
     out += "\n### Expectations\n\n| expectation | value | result |\n|---|---|---|\n";
     for (const auto& outcome : outcomes) {
@@ -75,7 +178,30 @@ std::string markdown_report(const CheckOptions& options, const Tolerances& toler
 }
 
 json json_report(const CheckOptions& options, const Comparison& comparison,
-                 const std::vector<ExpectationOutcome>& outcomes, bool passed) {
+                 const std::vector<ExpectationOutcome>& outcomes, bool passed, const json& result,
+                 const json& baseline) {
+  json mismatches = json::array();
+  for (const ConfigMismatch& m : comparison.mismatches) {
+    mismatches.push_back({{"placement", m.placement},
+                          {"field", m.field},
+                          {"flag", flag_of(m.field)},
+                          {"result", m.result_value},
+                          {"baseline", m.baseline_value}});
+  }
+  json largest = json::object();
+  for (const auto& [figure, d] : comparison.largest) {
+    largest[figure] = {{"difference", d.difference},
+                       {"tolerance", d.tolerance},
+                       {"placement", d.placement},
+                       {"run", d.run},
+                       {"layer", d.layer}};
+  }
+  json problems = json::array();
+  if (!comparison.mismatches.empty())
+    problems.push_back({{"problem", "configuration mismatch"}, {"advice", mismatch_advice(comparison)}});
+  if (comparison.runs_compared == 0 && comparison.mismatches.empty())
+    problems.push_back(
+        {{"problem", "nothing compared"}, {"advice", nothing_compared_advice(result, baseline)}});
   json regressions = json::array();
   for (const Regression& r : comparison.regressions) {
     regressions.push_back({{"placement", r.placement},
@@ -97,6 +223,9 @@ json json_report(const CheckOptions& options, const Comparison& comparison,
           {"baseline", options.baseline},
           {"runs_compared", comparison.runs_compared},
           {"figures_compared", comparison.figures_compared},
+          {"not_compared", problems},
+          {"mismatches", mismatches},
+          {"largest_differences", largest},
           {"regressions", regressions},
           {"expectations", expectations},
           {"notes", comparison.notes}};
@@ -120,14 +249,28 @@ int run_check(const CheckOptions& options) {
   }
   std::vector<ExpectationOutcome> outcomes;
   for (const auto& e : expectations) outcomes.push_back(evaluate_expectation(e, result));
-  bool passed = comparison.regressions.empty();
+  const bool not_comparable = !comparison.mismatches.empty() || comparison.runs_compared == 0;
+  bool passed = comparison.regressions.empty() && !not_comparable;
   for (const auto& outcome : outcomes) passed = passed && outcome.passed;
   if (options.json_output) {
-    std::cout << json_report(options, comparison, outcomes, passed).dump(1) << '\n';
+    std::cout << json_report(options, comparison, outcomes, passed, result, baseline).dump(1) << '\n';
   } else {
-    std::cout << markdown_report(options, tolerances, comparison, outcomes, passed);
+    std::cout << markdown_report(options, tolerances, comparison, outcomes, passed, result, baseline);
   }
   std::cout.flush();
+  if (!comparison.mismatches.empty()) {  // the report on stdout says the same, for a CI step summary
+    const ConfigMismatch& m = comparison.mismatches.front();
+    throw InputError(
+        fmt::format("{} vs {}: the result and the baseline measure different configurations for {}: {} is {} "
+                    "in the result "
+                    "but {} in the baseline; {}",
+                    options.result, options.baseline, m.placement, m.field, m.result_value.dump(),
+                    m.baseline_value.dump(), mismatch_advice(comparison)));
+  }
+  if (comparison.runs_compared == 0) {
+    throw InputError(fmt::format("{} vs {}: nothing was compared: {}", options.result, options.baseline,
+                                 nothing_compared_advice(result, baseline)));
+  }
   return static_cast<int>(passed ? ExitCode::success : ExitCode::check_failed);
 }
 }  // namespace
@@ -159,7 +302,9 @@ Command setup_check(CLI::App& app) {
          "fit")
       ->default_str("none");
   sub->add_flag("--json", options->json_output, "Print the report as JSON instead of Markdown");
-  sub->add_option("--max-rows", options->max_rows, "Regressions listed in the Markdown table");
+  sub->add_option("--max-rows", options->max_rows,
+                  "Rows listed in each Markdown table (regressions, largest differences)")
+      ->check(CLI::NonNegativeNumber);
   sub->footer(
       "Runs are matched by arch and seed (and depth and width in sweeps); every per-state and per-sublayer "
       "figure and the run summary are compared. Exit 0 pass, 1 regression or failed expectation, 2 bad "

@@ -26,6 +26,14 @@ Command setup_archs(CLI::App& app);
 Command setup_sweep(CLI::App& app);
 Command setup_merge(CLI::App& app);
 Command setup_check(CLI::App& app);
+Command setup_explain(CLI::App& app);
+
+// parse_errors.cpp: CLI11's parse errors as one line naming the value, the fix and the
+// subcommand's --help; a mistyped subcommand (argv without the program name) with a suggestion,
+// or "" when the first word is a subcommand or absent.
+std::string parse_error_message(const CLI::App& app, const CLI::ParseError& error,
+                                const std::vector<std::string>& args);
+std::string unknown_subcommand(const CLI::App& app, const std::vector<std::string>& args);
 
 // The model flags analyze and sweep share (model_options.cpp): everything but --arch, --depth,
 // --width and the seeds, which each subcommand declares in its own shape.
@@ -62,6 +70,14 @@ class AtomicOutput {
   std::ostringstream buffer_;
   bool committed_ = false;
 };
+
+// The output format of analyze and merge: --format when given (`format`, "" when not); else the
+// format -o's extension names (.json, .csv, .md), JSON for any other file or a pipe, and
+// `terminal_format` when stdout is a terminal. Refuses -o '' and an extension that contradicts
+// --format or names a format outside `allowed`.
+std::string resolve_output_format(const std::string& format, const CLI::Option* output_flag,
+                                  const std::string& output, const std::vector<std::string>& allowed,
+                                  const std::string& terminal_format);
 
 // A file's whole contents; nullopt when it cannot be opened.
 std::optional<std::string> read_text_file(const std::string& path);

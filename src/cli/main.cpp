@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "gradflow/errors.hpp"
@@ -11,22 +13,24 @@ int main(int argc, char** argv) {
   CLI::App app{"gradflow: signal and gradient flow in deep Transformer stacks, measured exactly at depth."};
   app.set_version_flag("--version", std::string("gradflow ") + GRADFLOW_VERSION);
   app.require_subcommand(1);
-  // One line naming the value and where the valid choices are listed.
-  app.failure_message([](const CLI::App* failed, const CLI::Error& error) {
-    return fmt::format("gradflow: error: {}; see 'gradflow {}--help'\n", error.what(),
-                       failed->get_parent() ? failed->get_name() + " " : "");
-  });
   app.footer(
-      "Definitions: shared/spec (architectures.md, metrics.md). Exit codes: 0 ok, 1 check failed, 2 bad "
-      "input.");
+      "Definitions of every placement and figure, with units: docs/ (placements.md, metrics.md, output.md), "
+      "or 'gradflow explain FIGURE'. Exit codes: 0 ok, 1 check failed, 2 bad input.");
   namespace cli = gradflow::cli;
   const cli::Command commands[] = {cli::setup_analyze(app), cli::setup_archs(app), cli::setup_sweep(app),
-                                   cli::setup_merge(app), cli::setup_check(app)};
+                                   cli::setup_merge(app),   cli::setup_check(app), cli::setup_explain(app)};
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (const std::string message = cli::unknown_subcommand(app, args); !message.empty()) {
+    fmt::print(stderr, "{}\n", message);
+    return static_cast<int>(ExitCode::bad_input);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    const int code = app.exit(error);
-    return code == 0 ? 0 : static_cast<int>(ExitCode::bad_input);
+    if (error.get_exit_code() == 0) return app.exit(error);  // --help, --version
+    // One line naming the value, the fix and the subcommand's --help.
+    fmt::print(stderr, "{}\n", cli::parse_error_message(app, error, args));
+    return static_cast<int>(ExitCode::bad_input);
   }
   try {
     for (const auto& command : commands) {

@@ -18,7 +18,8 @@ using json = nlohmann::ordered_json;
 struct MergeOptions {
   std::vector<std::string> directories;
   std::string output;
-  std::string format = "json";
+  std::string format;  // "": by -o's extension, else JSON
+  const CLI::Option* output_flag = nullptr;
 };
 
 // Cell config fields that must equal the manifest's shared model options.
@@ -26,6 +27,8 @@ constexpr const char* kSharedFields[] = {"block",     "heads",  "seq",    "norm"
                                          "precision", "branch", "probes", "input_corr"};
 
 int run_merge(const MergeOptions& options) {
+  const std::string format =
+      resolve_output_format(options.format, options.output_flag, options.output, {"json", "csv"}, "json");
   std::vector<json> manifests;
   for (const auto& directory : options.directories) {
     const std::string path = (std::filesystem::path(directory) / "sweep.json").string();
@@ -80,7 +83,7 @@ int run_merge(const MergeOptions& options) {
                     missing.front()));
   }
   const json document = sweep_document(manifest, cells);
-  if (options.format == "csv") {
+  if (format == "csv") {
     std::ostringstream text;
     write_sweep_csv(document, text);
     write_file_atomically(options.output, text.str());
@@ -98,13 +101,15 @@ Command setup_merge(CLI::App& app) {
   sub->option_defaults()->always_capture_default();
   sub->add_option("DIR", options->directories, "Sweep directories (each with sweep.json and cells/)")
       ->required();
-  sub->add_option("-o,--output", options->output, "Write to FILE (whole or not at all)")
-      ->default_str("stdout");
+  options->output_flag =
+      sub->add_option("-o,--output", options->output, "Write to FILE (whole or not at all)")
+          ->default_str("stdout");
   sub->add_option(
          "--format", options->format,
          "json: the sweep document (as sweep's summary.json, byte for byte); csv: one row per cell with its "
          "summary figures (per-state arrays stay in the cell files)")
-      ->check(CLI::IsMember({"json", "csv"}));
+      ->check(CLI::IsMember({"json", "csv"}))
+      ->default_str("csv for -o *.csv, else json");
   return {sub, [options] { return run_merge(*options); }};
 }
 

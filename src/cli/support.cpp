@@ -1,7 +1,10 @@
 // CLI helpers: all-or-nothing output files, the machine's free memory, the progress bar.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -52,6 +55,40 @@ void AtomicOutput::commit() {
     }
   }
   committed_ = true;
+}
+
+std::string resolve_output_format(const std::string& format, const CLI::Option* output_flag,
+                                  const std::string& output, const std::vector<std::string>& allowed,
+                                  const std::string& terminal_format) {
+  const bool to_file = output_flag && output_flag->count() > 0 && output != "-";
+  if (to_file && output.empty()) {
+    throw InputError(
+        "-o '' is an empty file name; give a file name (e.g. -o result.json) or omit -o for stdout");
+  }
+  std::string named;  // the format the file's extension names
+  const std::string extension = to_file ? std::filesystem::path(output).extension().string() : "";
+  if (extension == ".json") named = "json";
+  if (extension == ".csv") named = "csv";
+  if (extension == ".md") named = "markdown";
+  const auto allowed_list = fmt::format("{}", fmt::join(allowed, ", "));
+  if (!format.empty()) {
+    if (!named.empty() && named != format) {
+      throw InputError(
+          fmt::format("-o {} names {} output but --format is {}; drop --format, or give the file "
+                      "a name that matches it",
+                      output, named, format));
+    }
+    return format;
+  }
+  if (!named.empty()) {
+    if (std::find(allowed.begin(), allowed.end(), named) == allowed.end()) {
+      throw InputError(fmt::format("-o {}: this subcommand writes {}, not {}; name the file .json or .csv",
+                                   output, allowed_list, named));
+    }
+    return named;
+  }
+  if (to_file) return "json";
+  return stdout_is_terminal() ? terminal_format : "json";
 }
 
 std::optional<std::string> read_text_file(const std::string& path) {
@@ -140,8 +177,17 @@ void ProgressBar::update(long long done, long long total) {
   last_permille_ = permille;
   constexpr int kWidth = 30;
   const int filled = permille * kWidth / 1000;
-  fmt::print(stderr, "\r\033[2K{} [{}{}] {:5.1f}%", label_, std::string(filled, '#'),
-             std::string(kWidth - filled, '.'), permille / 10.0);
+  // The remaining time at the average rate so far; shown once 1% is done, so it is not a guess.
+  std::string eta;
+  if (permille >= 10 && done < total) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const long long left =
+        std::llround(elapsed * static_cast<double>(total - done) / static_cast<double>(done));
+    eta = left >= 3600 ? fmt::format("  ETA {}h{:02}m", left / 3600, left % 3600 / 60)
+                       : fmt::format("  ETA {}m{:02}s", left / 60, left % 60);
+  }
+  fmt::print(stderr, "\r\033[2K{} [{}{}] {:5.1f}%{}", label_, std::string(filled, '#'),
+             std::string(kWidth - filled, '.'), permille / 10.0, eta);
   std::fflush(stderr);
 }
 

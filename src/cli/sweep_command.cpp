@@ -79,6 +79,8 @@ void print_fits(const json& summary) {
 }
 
 int run_sweep(const SweepOptions& options) {
+  if (options.directory.empty())
+    throw InputError("-o '' is an empty directory name; give the sweep's directory, e.g. -o sweep-out");
   const auto [shard_index, shard_count] = parse_shard(options.shard);
   SweepGrid grid;
   grid.depths = parse_int_list(options.depths, "--depth");

@@ -59,7 +59,7 @@ json sweep_model_to_json(const ModelConfig& c) {
 
 json sweep_manifest(const SweepGrid& grid, const ModelConfig& config) {
   return {{"schema_version", kSchemaVersion},
-          {"tool", {{"name", "gradflow"}, {"version", GRADFLOW_VERSION}}},
+          {"tool", provenance_to_json()},
           {"command", "sweep"},
           {"grid",
            {{"archs", grid.archs},
@@ -145,7 +145,7 @@ json sweep_document(const json& manifest, const std::vector<json>& cells) {
        "per (arch, width): growth_exponent = least-squares slope of the per-depth mean of log rms(x_S) over "
        "seeds "
        "against log S; log10_grad_ratio_slope = slope of the per-depth mean log10_grad_ratio against S; "
-       "growth_class = growth_class(growth_exponent) (metrics.md)"},
+       "growth_class = growth_class(growth_exponent) (docs/metrics.md)"},
       {"bootstrap",
        {{"resamples", kBootstrapResamples},
         {"seed", kBootstrapSeed},

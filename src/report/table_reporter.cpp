@@ -89,7 +89,7 @@ std::string with_spread(const std::string& mean, double std, int seeds, int deci
 std::string_view class_colour(std::string_view growth_class) {
   if (growth_class == "bounded") return kGreen;
   if (growth_class == "sqrt") return kYellow;
-  if (growth_class == "linear" || growth_class == "other") return kRed;
+  if (growth_class == "linear" || growth_class == "other" || growth_class == "vanishing") return kRed;
   return {};
 }
 
@@ -128,7 +128,11 @@ std::vector<Cell> row_for(const ArchResult& result) {
   const std::string exponent_text =
       count == 1 ? with_spread(fixed(exponent.mean, 3), seeds.front().growth.standard_error, 2, 3)
                  : with_spread(fixed(exponent.mean, 3), exponent.std, count, 3);
-  std::string_view growth = count == 1 ? seeds.front().growth.growth_class : growth_class(exponent.mean);
+  // The seeds' class when they agree (a collapsed stream has no fitted exponent), else the mean's.
+  std::string_view growth = seeds.front().growth.growth_class;
+  for (const SeedResult& seed : seeds) {
+    if (seed.growth.growth_class != growth) growth = growth_class(exponent.mean);
+  }
   if (growth == "undetermined") growth = "-";  // no exponent to classify; "-" keeps the column narrow
 
   std::string diverged_text = "no";

@@ -152,4 +152,72 @@ def check_works_on_sweep_documents():
         assert proc.returncode == 1 and "| pre-ln | B8 d16 seed 1 | rms_final |" in proc.stdout, proc.stdout
 
 
+@test
+def a_changed_configuration_is_a_fail_block_with_exit_2_and_advice_both_ways():
+    with tempfile.TemporaryDirectory() as tmp:
+        baseline = analyze(tmp, "base.json", archs="keel")
+        changed = os.path.join(tmp, "gpt2.json")
+        assert run("analyze", "--arch", "keel", *SMALL, "--init", "gpt2", "-o", changed).returncode == 0
+        proc = run("check", changed, "--baseline", baseline)
+        assert proc.returncode == 2, (proc.returncode, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "init is \"gpt2\" in the result but \"xavier\" in the baseline" in proc.stderr, proc.stderr
+        report = proc.stdout
+        assert "## gradflow check: FAIL" in report, report
+        assert "### FAIL: the result and the baseline measure different configurations" in report, report
+        assert "| keel | init (`--init`) | gpt2 | xavier |" in report, report
+        assert "nothing was compared" not in report, report  # the mismatch is the reason, said once
+        # The advice covers an accidental change first, and an intended one only after review.
+        assert "was not meant to change, rerun it with the baseline's (--init xavier)" in report, report
+        assert "if the change was intended, review its figures first" in report, report
+        doc = json.loads(run("check", changed, "--baseline", baseline, "--json").stdout)
+        assert doc["passed"] is False and doc["mismatches"][0]["field"] == "init", doc["mismatches"]
+        assert doc["not_compared"][0]["problem"] == "configuration mismatch", doc["not_compared"]
+
+
+@test
+def nothing_comparable_is_a_fail_block_with_exit_2():
+    with tempfile.TemporaryDirectory() as tmp:
+        baseline = analyze(tmp, "keel.json", archs="keel")
+        other = analyze(tmp, "pre-ln.json", archs="pre-ln")
+        proc = run("check", other, "--baseline", baseline)
+        assert proc.returncode == 2, (proc.returncode, proc.stdout)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "nothing was compared" in proc.stderr, proc.stderr
+        assert "### FAIL: nothing was compared" in proc.stdout, proc.stdout
+        assert "result (runs: pre-ln seed 0, pre-ln seed 1)" in proc.stdout, proc.stdout
+        assert "baseline (runs: keel seed 0, keel seed 1)" in proc.stdout, proc.stdout
+        doc = json.loads(run("check", other, "--baseline", baseline, "--json").stdout)
+        assert doc["passed"] is False and doc["runs_compared"] == 0
+        assert [p["problem"] for p in doc["not_compared"]] == ["nothing compared"], doc["not_compared"]
+
+
+@test
+def a_passing_report_shows_the_largest_difference_per_figure_against_its_tolerance():
+    with tempfile.TemporaryDirectory() as tmp:
+        result = analyze(tmp, archs="keel")
+
+        def nudge(doc):  # within tolerance: 0.01 decades on one gain
+            keel_seed(doc)["sublayers"]["gain"][3] *= 10 ** 0.01
+        baseline = perturbed(result, os.path.join(tmp, "base.json"), nudge)
+        proc = run("check", result, "--baseline", baseline)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "### Largest difference per figure" in proc.stdout, proc.stdout
+        row = next(line for line in proc.stdout.splitlines() if line.startswith("| gain |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert abs(float(cells[1]) - 0.01) < 1e-6 and cells[2] == "0.05" and cells[3] == "20%", row
+        assert "keel seed 0 sublayer 3" in cells[4], row
+        doc = json.loads(run("check", result, "--baseline", baseline, "--json").stdout)
+        assert abs(doc["largest_differences"]["gain"]["difference"] - 0.01) < 1e-6, doc["largest_differences"]["gain"]
+
+
+@test
+def max_rows_limits_the_tables_and_refuses_negatives():
+    with tempfile.TemporaryDirectory() as tmp:
+        result = analyze(tmp, archs="keel")
+        proc = run("check", result, "--baseline", result, "--max-rows", "2")
+        assert proc.returncode == 0 and "more figures (all of them with --json)" in proc.stdout, proc.stdout
+        proc = run("check", result, "--baseline", result, "--max-rows", "-1")
+        assert proc.returncode == 2 and proc.stdout == "" and "--max-rows -1 must be >= 0" in proc.stderr, proc.stderr
+
+
 finish()

@@ -107,7 +107,7 @@ def expect_bad_input(args, *needles):
 @test
 def bad_input_names_the_value_and_the_fix_and_writes_nothing():
     expect_bad_input(["analyze", "--depth", "0"], "--depth 0", "try --depth")
-    expect_bad_input(["analyze", "--width", "250", "--heads", "4"], "--width 250", "--heads 4", "try --width 252")
+    expect_bad_input(["analyze", "--width", "250", "--heads", "4"], "--width 250", "--heads 4", "try --heads 5 or --width 248")
     expect_bad_input(["analyze", "--arch", "kel"], '"kel"', 'did you mean "keel"')
     expect_bad_input(["analyze", "--arch", "post-ln,pre_ln"], 'did you mean "pre-ln"')
     expect_bad_input(["analyze", "--arch", "keel", "--alpha", "-1"], "--alpha -1", "must be positive")

@@ -7,6 +7,12 @@
 
 using namespace gradflow;
 
+TEST_CASE("fit_growth classes a stream that reaches exact zero as vanishing") {
+  std::vector<double> rms(65, 0.0);
+  for (int l = 0; l < 30; ++l) rms[l] = std::pow(0.5, l);
+  CHECK(fit_growth(rms).growth_class == "vanishing");
+}
+
 TEST_CASE("fit_growth recovers exact power laws over l >= S/8") {
   for (const double p : {0.0, 0.5, 1.0}) {
     std::vector<double> rms(257);
@@ -17,7 +23,9 @@ TEST_CASE("fit_growth recovers exact power laws over l >= S/8") {
     CHECK(fit.points == 225);
   }
   CHECK(growth_class(0.1) == "bounded");
-  CHECK(growth_class(-0.3) == "bounded");
+  CHECK(growth_class(-0.3) == "bounded");    // deepscalelm's slow drift (about -0.23 at B = 256)
+  CHECK(growth_class(-0.5) == "vanishing");  // a collapsing stream is not bounded
+  CHECK(growth_class(-26.8) == "vanishing");
   CHECK(growth_class(0.5) == "sqrt");
   CHECK(growth_class(1.0) == "linear");
   CHECK(growth_class(0.75) == "other");

@@ -307,6 +307,23 @@ def make_tests(inp, out):
         assert 'width="576pt"' in text and 'height="360pt"' in text, "shares.svg is not 8x5 in"
 
     @test
+    def pdf_output():
+        plot_ok("growth", inp.json, "-o", out / "growth.pdf")
+        data = (out / "growth.pdf").read_bytes()
+        assert data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF"), "growth.pdf is not a PDF document"
+        assert len(data) > 5000, f"growth.pdf has only {len(data)} bytes"
+
+    @test
+    def a_python_without_matplotlib_is_told_to_use_usr_bin_python3():
+        venv = out / "venv-without-matplotlib"
+        made = subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], capture_output=True)
+        assert made.returncode == 0, f"cannot make a venv to test with: {made.stderr[-300:]!r}"
+        r = subprocess.run([str(venv / "bin" / "python3"), str(SCRIPT), "grad", str(inp.json), "-o", str(out / "x.png")],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "is missing for" in r.stderr and "run it with /usr/bin/python3" in r.stderr, r.stderr
+
+    @test
     def all_from_json():
         d = out / "all_json"
         plot_ok("all", inp.json, "--outdir", d)
@@ -410,7 +427,7 @@ def make_tests(inp, out):
     @test
     def error_usage():
         r = run_plot("grad", inp.json, "-o", out / "x.jpg")
-        assert r.returncode == 2 and ".png or .svg" in r.stderr, r.stderr
+        assert r.returncode == 2 and ".png, .svg or .pdf" in r.stderr, r.stderr
         r = run_plot("grad", inp.json)
         assert r.returncode == 2 and "-o" in r.stderr, r.stderr
         r = run_plot("bogus", inp.json, "-o", out / "x.png")
