@@ -113,13 +113,16 @@ int run_check(const CheckOptions& options) {
   std::vector<Expectation> expectations;
   for (const auto& text : options.expectations) expectations.push_back(parse_expectation(text));
   Comparison comparison;
+  std::vector<ExpectationOutcome> outcomes;
   try {
     comparison = compare_documents(result, baseline, tolerances);
+    for (const auto& e : expectations) outcomes.push_back(evaluate_expectation(e, result));
   } catch (const InputError& error) {
     throw InputError(fmt::format("{} vs {}: {}", options.result, options.baseline, error.what()));
+  } catch (const json::exception& error) {
+    throw InputError(fmt::format("{} vs {}: a document lacks a field gradflow writes ({})", options.result,
+                                 options.baseline, error.what()));
   }
-  std::vector<ExpectationOutcome> outcomes;
-  for (const auto& e : expectations) outcomes.push_back(evaluate_expectation(e, result));
   bool passed = comparison.regressions.empty();
   for (const auto& outcome : outcomes) passed = passed && outcome.passed;
   if (options.json_output) {
@@ -127,7 +130,7 @@ int run_check(const CheckOptions& options) {
   } else {
     std::cout << markdown_report(options, tolerances, comparison, outcomes, passed);
   }
-  std::cout.flush();
+  check_stdout();
   return static_cast<int>(passed ? ExitCode::success : ExitCode::check_failed);
 }
 }  // namespace
