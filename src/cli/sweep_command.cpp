@@ -2,8 +2,11 @@
 // and shardable (i/n, for job arrays); the unsharded run also writes DIR/summary.json.
 #include <fmt/format.h>
 #include <omp.h>
+#include <signal.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <mutex>
@@ -67,6 +70,21 @@ std::string stale_reason(const std::string& path, const ArchResult& expected) {
   return {};
 }
 
+// A sweep killed by SIGKILL (which no handler sees) leaves its cells' temporary files,
+// NAME.tmp.PID.HEX; those of processes no longer running are removed when the sweep resumes.
+void remove_stale_temporaries(const std::filesystem::path& cells_directory) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(cells_directory, error)) {
+    const std::string name = entry.path().filename().string();
+    const auto at = name.find(".json.tmp.");
+    if (at == std::string::npos) continue;
+    const long pid = std::strtol(name.c_str() + at + 10, nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::filesystem::remove(entry.path(), error);
+    }
+  }
+}
+
 void print_fits(const json& summary) {
   fmt::print(stderr, "{:<12} {:>6} {:>9} {:>21} {:<8} {:>14} {:>27}\n", "arch", "width", "exponent", "95% CI",
              "class", "grad slope", "95% CI");
@@ -128,6 +146,7 @@ int run_sweep(const SweepOptions& options) {
   }
   write_file_atomically(manifest_path, manifest.dump(1) + "\n");
 
+  remove_stale_temporaries(cells_directory);
   const std::vector<SweepCell> all_cells = sweep_cells(grid);
   const std::vector<SweepCell> mine = shard_cells(all_cells, shard_index, shard_count);
   struct Pending {
