@@ -121,7 +121,7 @@ void validate(const ModelConfig& config) {
   // Written as !(inside) so that NaN, which compares false with everything, is refused too.
   if (config.alpha && !(*config.alpha > 0.0 && std::isfinite(*config.alpha))) {
     throw InputError(fmt::format(
-        "--alpha {} must be a positive finite number; omit it to use the placement's own constant",
+        "--alpha {} must be positive and finite; omit it to use the placement's own constant",
         *config.alpha));
   }
   if (!(config.input_corr >= 0.0 && config.input_corr <= 1.0)) {
@@ -160,6 +160,14 @@ void validate(const ModelConfig& config) {
     throw InputError(fmt::format("--ideal-branch rotation needs an even --width, not {}; try --width {}",
                                  config.width, config.width + 1));
   }
+}
+
+double estimated_result_bytes(const ModelConfig& config, int stream_count) {
+  const double s = static_cast<double>(config.blocks) * config.sublayers_per_block();
+  // About 40 figure columns of doubles per state and sublayer, plus streams and singular values;
+  // the ordered JSON tree costs about 16 times the doubles (measured: 126 kB of text at depth 64).
+  constexpr double kJsonOverhead = 16;
+  return (s + 1) * 8 * (40 + 2.0 * stream_count + config.spectrum) * kJsonOverhead;
 }
 
 double estimated_memory_bytes(const ModelConfig& config, int stream_count) {

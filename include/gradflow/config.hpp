@@ -101,5 +101,8 @@ inline constexpr int kSpectrumMaxColumns = 64;               // --spectrum k
 // working set), used to refuse up front what would not fit.
 // Computed in floating point, so that absurd sizes give a huge estimate, never a wrapped one.
 double estimated_memory_bytes(const ModelConfig& config, int stream_count);
+// Bytes one finished run's figures take while the report is built (the arrays, their JSON tree
+// and text): what each of `--seeds N` runs keeps until the end.
+double estimated_result_bytes(const ModelConfig& config, int stream_count);
 
 }  // namespace gradflow

@@ -34,6 +34,9 @@ struct AnalyzeOptions {
 // More threads than this is a mistake, not a machine: libgomp fails (or crashes) creating them.
 constexpr int kMaxThreads = 1024;
 
+// Runs (placements x seeds) one analyze keeps in memory for its report at most.
+constexpr long long kMaxRuns = 1 << 20;
+
 // Past this many sublayer-column evaluations --spectrum takes minutes: say so before starting.
 constexpr double kSpectrumWarnEvaluations = 1e6;
 
@@ -53,12 +56,6 @@ int run_analyze(const AnalyzeOptions& options) {
   const auto archs = parse_architecture_list(options.arch);
   check_alpha_applies(model, archs, options.arch);
   warn_unused_placement_options(options.model, archs);
-  std::vector<std::uint64_t> seeds;
-  if (options.seeds > 0) {
-    for (int s = 0; s < options.seeds; ++s) seeds.push_back(static_cast<std::uint64_t>(s));
-  } else {
-    seeds.push_back(options.seed);
-  }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (options.threads_flag && options.threads_flag->count() > 0 &&
       (options.threads < 1 || options.threads > kMaxThreads)) {
@@ -69,11 +66,24 @@ int run_analyze(const AnalyzeOptions& options) {
   }
   const int threads = options.threads_flag && options.threads_flag->count() > 0 ? options.threads : cores;
 
-  const long long job_count = static_cast<long long>(archs.size()) * static_cast<long long>(seeds.size());
+  // Counted in 64 bits and checked before anything is sized from it.
+  const long long seed_count = options.seeds > 0 ? options.seeds : 1;
+  const long long job_count = static_cast<long long>(archs.size()) * seed_count;
+  if (job_count > kMaxRuns) {
+    throw InputError(fmt::format("{} placement(s) x {} seed(s) is {} runs, more than the {} one analyze holds; "
+                                 "use fewer --seeds, or 'gradflow sweep' for large grids",
+                                 archs.size(), seed_count, job_count, kMaxRuns));
+  }
   const int jobs = static_cast<int>(job_count);
   const int concurrent = std::min(threads, jobs);
   // A single run splits each op over a second thread (the engine's ShardPair).
-  check_memory(model, archs, concurrent, jobs == 1 ? std::min(threads, 2) : concurrent);
+  check_memory(model, archs, concurrent, jobs == 1 ? std::min(threads, 2) : concurrent, job_count);
+  std::vector<std::uint64_t> seeds;
+  if (options.seeds > 0) {
+    for (int s = 0; s < options.seeds; ++s) seeds.push_back(static_cast<std::uint64_t>(s));
+  } else {
+    seeds.push_back(options.seed);
+  }
   if (model.spectrum > 0) {
     const double sublayers = model.sublayers();
     const double evaluations = sublayers * (sublayers + 1) / 2 * 2 * model.spectrum;

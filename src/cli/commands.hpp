@@ -46,8 +46,9 @@ void warn_unused_placement_options(const ModelOptions& options,
                                    const std::vector<const Architecture*>& archs);
 // Refuses up front a configuration whose `concurrent` runs would not fit in memory, counting
 // `threads` threads for the address space.
+// `stored_runs` finished runs are kept until the report is written (analyze's placements x seeds).
 void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent,
-                  int threads);
+                  int threads, long long stored_runs);
 // Address space each thread maps besides the data (8 MB stack, glibc's 64 MB malloc arena,
 // OpenBLAS's 32 MB buffer, and slack); measured VmPeak grows by about 120 MB per thread.
 inline constexpr std::uint64_t kThreadAddressSpace = 128ull << 20;

@@ -94,12 +94,13 @@ void warn_unused_placement_options(const ModelOptions& options,
 }
 
 void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent,
-                  int threads) {
-  double needed = 0;
+                  int threads, long long stored_runs) {
+  double needed = 0, result = 0;
   for (const Architecture* arch : archs) {
     needed = std::max(needed, estimated_memory_bytes(model, static_cast<int>(arch->streams.size())));
+    result = std::max(result, estimated_result_bytes(model, static_cast<int>(arch->streams.size())));
   }
-  needed *= concurrent;
+  needed = needed * concurrent + result * static_cast<double>(stored_runs);
   check_memory_need(needed, threads,
                     fmt::format("depth {}, width {}, seq {}, {}, {} run(s) at once", model.blocks,
                                 model.width, model.seq, to_string(model.precision), concurrent),

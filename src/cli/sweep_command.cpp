@@ -122,7 +122,7 @@ int run_sweep(const SweepOptions& options) {
   ModelConfig largest = model;
   largest.blocks = *std::max_element(grid.depths.begin(), grid.depths.end());
   largest.width = *std::max_element(grid.widths.begin(), grid.widths.end());
-  check_memory(largest, archs, options.jobs, options.jobs == 1 ? 2 : options.jobs);
+  check_memory(largest, archs, options.jobs, options.jobs == 1 ? 2 : options.jobs, options.jobs);
 
   const std::filesystem::path directory(options.directory), cells_directory = directory / "cells";
   std::error_code error;
