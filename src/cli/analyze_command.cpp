@@ -127,7 +127,7 @@ int run_analyze(const AnalyzeOptions& options) {
   std::vector<long long> job_done(job_list.size(), 0);
   const long long total_work = static_cast<long long>(job_list.size()) * analysis_work_units(model);
   std::exception_ptr failure;  // the first run's exception, rethrown here once every run is done
-  omp_set_num_threads(threads);
+  omp_set_num_threads(jobs == 1 ? threads : concurrent);  // no idle threads beyond the runs
   omp_set_max_active_levels(1);
   // Runs are independent and each is deterministic, so their order does not change any number.
   // An exception must not leave an OpenMP region (that is std::terminate): each is caught and

@@ -60,8 +60,8 @@ int main(int argc, char** argv) {
         "out of memory: a size is too large ({}); try a smaller --depth, --width or --seq", error.what()));
   } catch (const nlohmann::json::exception& error) {
     return fail(fmt::format("a document does not have the shape gradflow writes ({})", error.what()));
-  } catch (const std::system_error& error) {  // fmt's and the file system's I/O errors
-    return fail(fmt::format("input/output error: {}", error.what()));
+  } catch (const std::system_error& error) {  // I/O errors (fmt, the file system), threads not started
+    return fail(fmt::format("system error: {}", error.what()));
   } catch (const std::exception& error) {
     return fail(fmt::format("internal error: {}; please report it with the command line", error.what()));
   }

@@ -3,6 +3,7 @@ files and the memory limits (RLIMIT_AS, as `prlimit --as` / `ulimit -v` set it).
 import json
 import os
 import resource
+import stat
 import sys
 import tempfile
 
@@ -30,6 +31,19 @@ FIFO = os.path.join(SPECIAL, "fifo")
 os.mkfifo(FIFO)
 LOOP_DIR = os.path.join(SPECIAL, "loopdir")
 os.symlink(LOOP_DIR, LOOP_DIR)
+# Stand-ins for /dev/null and /dev/stdout: a binary that replaced its -o target (as main did)
+# must not be able to damage the system's own. A device node needs root (CAP_MKNOD); without it
+# the device case runs against a symlink-free path and says so.
+NULL_DEVICE = os.path.join(SPECIAL, "null")
+try:
+    os.mknod(NULL_DEVICE, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    DEVICE_MESSAGE = r"null is a device"
+except PermissionError:
+    print("note: no CAP_MKNOD; the -o device case uses a symlink to /dev/null instead")
+    os.symlink("/dev/null", NULL_DEVICE)
+    DEVICE_MESSAGE = r"null is a symbolic link"
+STDOUT_LINK = os.path.join(SPECIAL, "stdout")
+os.symlink("/proc/self/fd/1", STDOUT_LINK)
 
 
 def to_dev_full():
@@ -125,14 +139,15 @@ CASES = [
     Case("merge --format csv > /dev/full", ["merge", "sw", "--format", "csv"], message="stdout", preexec=to_dev_full,
          files=fixtures.sweep_files(F)),
     # -o onto special files: refused, the file left as it was
-    Case("analyze -o /dev/null", ["analyze", *TINY, "-o", "/dev/null"], message=r"/dev/null is a device"),
-    Case("analyze -o /dev/stdout", ["analyze", *TINY, "-o", "/dev/stdout"], message=r"/dev/stdout is a symbolic link"),
+    Case("analyze -o a device (as /dev/null)", ["analyze", *TINY, "-o", NULL_DEVICE], message=DEVICE_MESSAGE),
+    Case("analyze -o a link to /proc/self/fd/1 (as /dev/stdout)", ["analyze", *TINY, "-o", STDOUT_LINK],
+         message=r"stdout is a symbolic link"),
     Case("analyze -o a symlink", ["analyze", *TINY, "-o", LINK], message=r"is a symbolic link"),
     Case("analyze -o a FIFO", ["analyze", *TINY, "-o", FIFO], message=r"is a FIFO", timeout=10),
     Case("merge -o a symlink", ["merge", "sw", "-o", LINK], message=r"is a symbolic link",
          files=fixtures.sweep_files(F)),
-    Case("analyze --export-weights /dev/null", ["analyze", *TINY, "-o", "r.json", "--export-weights", "/dev/null"],
-         message=r"is a device"),
+    Case("analyze --export-weights onto a device", ["analyze", *TINY, "-o", "r.json", "--export-weights", NULL_DEVICE],
+         message=DEVICE_MESSAGE),
     # accepted silently before
     *[Case(f"check: schema_version {v}", ["check", "a.json", "--baseline", "b.json"], message="schema_version",
            files={"a.json": fixtures.edit(A, lambda d, v=v: d.__setitem__("schema_version", json.loads(v))),
