@@ -120,9 +120,9 @@ void validate(const ModelConfig& config) {
     throw InputError(fmt::format("--probes {} exceeds {}; try --probes 4", config.probes, kMaxProbes));
   // Written as !(inside) so that NaN, which compares false with everything, is refused too.
   if (config.alpha && !(*config.alpha > 0.0 && std::isfinite(*config.alpha))) {
-    throw InputError(fmt::format(
-        "--alpha {} must be positive and finite; omit it to use the placement's own constant",
-        *config.alpha));
+    throw InputError(
+        fmt::format("--alpha {} must be positive and finite; omit it to use the placement's own constant",
+                    *config.alpha));
   }
   if (!(config.input_corr >= 0.0 && config.input_corr <= 1.0)) {
     throw InputError(

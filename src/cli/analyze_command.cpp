@@ -70,9 +70,10 @@ int run_analyze(const AnalyzeOptions& options) {
   const long long seed_count = options.seeds > 0 ? options.seeds : 1;
   const long long job_count = static_cast<long long>(archs.size()) * seed_count;
   if (job_count > kMaxRuns) {
-    throw InputError(fmt::format("{} placement(s) x {} seed(s) is {} runs, more than the {} one analyze holds; "
-                                 "use fewer --seeds, or 'gradflow sweep' for large grids",
-                                 archs.size(), seed_count, job_count, kMaxRuns));
+    throw InputError(
+        fmt::format("{} placement(s) x {} seed(s) is {} runs, more than the {} one analyze holds; "
+                    "use fewer --seeds, or 'gradflow sweep' for large grids",
+                    archs.size(), seed_count, job_count, kMaxRuns));
   }
   const int jobs = static_cast<int>(job_count);
   const int concurrent = std::min(threads, jobs);

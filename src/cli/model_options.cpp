@@ -118,18 +118,19 @@ void check_memory_need(double needed, int threads, const std::string& what, cons
         static_cast<double>(available) / 1e9, fix));
   }
   if (limits.address_space > 0) {
-    // Address space, not memory: every thread besides the main one (already counted in VmSize) maps a stack, a malloc arena and OpenBLAS's
-    // buffer, whether it touches them or not. Checked here because OpenBLAS does not fail cleanly
-    // when its buffer cannot be mapped (the thread spins, or the process hangs).
+    // Address space, not memory: every thread besides the main one (already counted in VmSize) maps a stack,
+    // a malloc arena and OpenBLAS's buffer, whether it touches them or not. Checked here because OpenBLAS
+    // does not fail cleanly when its buffer cannot be mapped (the thread spins, or the process hangs).
     const double address_space_needed =
         static_cast<double>(limits.address_space_used) + needed +
         static_cast<double>(std::max(threads - 1, 0)) * static_cast<double>(kThreadAddressSpace);
     if (address_space_needed > static_cast<double>(limits.address_space)) {
-      throw InputError(fmt::format(
-          "out of memory: this needs about {:.2f} GB of address space ({}, {} thread(s), {} MB per extra thread) but "
-          "the limit (RLIMIT_AS, ulimit -v) is {:.2f} GB; {}, or raise the limit",
-          address_space_needed / 1e9, what, threads, kThreadAddressSpace >> 20,
-          static_cast<double>(limits.address_space) / 1e9, fix));
+      throw InputError(
+          fmt::format("out of memory: this needs about {:.2f} GB of address space ({}, {} thread(s), {} MB "
+                      "per extra thread) but "
+                      "the limit (RLIMIT_AS, ulimit -v) is {:.2f} GB; {}, or raise the limit",
+                      address_space_needed / 1e9, what, threads, kThreadAddressSpace >> 20,
+                      static_cast<double>(limits.address_space) / 1e9, fix));
     }
   }
 }

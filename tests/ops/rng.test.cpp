@@ -106,7 +106,8 @@ TEST_CASE("the generator's draws are pinned for this instruction set") {
   std::vector<float> again(single.size());
   fill_normal(stream_key(1, RandomUse::weight, 2, 3), 0.5f, again.data(), again.size());
   CHECK(std::memcmp(again.data(), single.data(), single.size() * sizeof(float)) == 0);
-  MESSAGE("unoptimised build: the pinned hash (Release builds only) is not checked; this build's is " << hash);
+  MESSAGE("unoptimised build: the pinned hash (Release builds only) is not checked; this build's is "
+          << hash);
 #elif defined(__AVX512F__)
   CHECK(hash == 0x5bc2c79efd526ed7ull);
 #elif defined(__AVX2__) && defined(__FMA__)
