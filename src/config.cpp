@@ -93,10 +93,18 @@ SublayerKind ModelConfig::sublayer_kind(int sublayer) const {
 void validate(const ModelConfig& config) {
   if (config.blocks < 1)
     throw InputError(fmt::format("--depth {} must be at least 1 block; try --depth 64", config.blocks));
+  if (config.blocks > kMaxBlocks)
+    throw InputError(
+        fmt::format("--depth {} exceeds the largest supported depth, {} blocks", config.blocks, kMaxBlocks));
   if (config.width < 1)
     throw InputError(fmt::format("--width {} must be positive; try --width 256", config.width));
+  if (config.width > kMaxWidth)
+    throw InputError(
+        fmt::format("--width {} exceeds the largest supported width, {}", config.width, kMaxWidth));
   if (config.heads < 1)
     throw InputError(fmt::format("--heads {} must be positive; try --heads 4", config.heads));
+  if (config.heads > config.width)
+    throw InputError(fmt::format("--heads {} exceeds --width {}; try --heads 4", config.heads, config.width));
   if (config.width % config.heads != 0) {
     // The user more likely mistyped the head count than the width: suggest the nearest head count
     // that divides the width (the larger on a tie), then the nearest width the heads divide.
@@ -120,13 +128,19 @@ void validate(const ModelConfig& config) {
   }
   if (config.seq < 1)
     throw InputError(fmt::format("--seq {} must be at least 1 token; try --seq 64", config.seq));
+  if (config.seq > kMaxSeq)
+    throw InputError(fmt::format("--seq {} exceeds the largest supported length, {}", config.seq, kMaxSeq));
   if (config.probes < 1)
     throw InputError(fmt::format("--probes {} must be at least 1; try --probes 1", config.probes));
-  if (config.alpha && !(*config.alpha > 0.0)) {
-    throw InputError(fmt::format("--alpha {} must be positive; omit it to use the placement's own constant",
-                                 *config.alpha));
+  if (config.probes > kMaxProbes)
+    throw InputError(fmt::format("--probes {} exceeds {}; try --probes 4", config.probes, kMaxProbes));
+  // Written as !(inside) so that NaN, which compares false with everything, is refused too.
+  if (config.alpha && !(*config.alpha > 0.0 && std::isfinite(*config.alpha))) {
+    throw InputError(
+        fmt::format("--alpha {} must be positive and finite; omit it to use the placement's own constant",
+                    *config.alpha));
   }
-  if (config.input_corr < 0.0 || config.input_corr > 1.0) {
+  if (!(config.input_corr >= 0.0 && config.input_corr <= 1.0)) {
     throw InputError(
         fmt::format("--input-corr {} must lie in [0, 1]; try --input-corr 0.5", config.input_corr));
   }
@@ -134,7 +148,7 @@ void validate(const ModelConfig& config) {
     throw InputError(
         fmt::format("--keel-variant {:?} is not v1 or v2; try --keel-variant v2", config.keel_variant));
   }
-  if (config.mix_ratio < 0.0 || config.mix_ratio > 1.0) {
+  if (!(config.mix_ratio >= 0.0 && config.mix_ratio <= 1.0)) {
     throw InputError(
         fmt::format("--mix-ratio {} must lie in [0, 1]; try --mix-ratio 0.25", config.mix_ratio));
   }
@@ -164,21 +178,32 @@ void validate(const ModelConfig& config) {
   }
 }
 
-std::uint64_t estimated_memory_bytes(const ModelConfig& config, int stream_count) {
-  const std::uint64_t scalar = config.precision == Precision::f32 ? 4 : 8;
-  const std::uint64_t d = config.width, t = config.seq;
+double estimated_result_bytes(const ModelConfig& config, int stream_count) {
+  const double s = static_cast<double>(config.blocks) * config.sublayers_per_block();
+  // About 40 figure columns of doubles per state and sublayer, plus streams and singular values;
+  // the ordered JSON tree costs about 16 times the doubles (measured: 126 kB of text at depth 64).
+  constexpr double kJsonOverhead = 16;
+  return (s + 1) * 8 * (40 + 2.0 * stream_count + config.spectrum) * kJsonOverhead;
+}
+
+double estimated_memory_bytes(const ModelConfig& config, int stream_count) {
+  const double scalar = config.precision == Precision::f32 ? 4 : 8;
+  const double d = config.width, t = config.seq,
+               s = static_cast<double>(config.blocks) * config.sublayers_per_block();
   // Columns carried through a sublayer at once: the probes, --spectrum's 2k block, or one per
   // output coordinate for --exact-jacobian (plus its dense (n, T d) copy for the SVD).
-  std::uint64_t k = config.probes;
-  if (config.spectrum > 0) k = std::max<std::uint64_t>(k, 2ull * config.spectrum);
-  if (config.exact_jacobian) k = std::max<std::uint64_t>(k, 2 * t * d);
-  const std::uint64_t states = static_cast<std::uint64_t>(config.sublayers() + 1) * stream_count * t * d;
-  const std::uint64_t weights = 2 * 4 * d * d + 2 * d * kFfnMultiple * d;  // forward and backward copies
-  const std::uint64_t working = 24 * k * t * d +
-                                4 * k * t * kFfnMultiple * d  // sublayer values and cotangents
-                                + config.heads * t * t * 2 + 4 * k * t * d * stream_count;
-  constexpr std::uint64_t kBaseline = 16ull << 20;  // binary, libraries, result arrays
-  return (states + weights + working) * scalar + kBaseline;
+  double k = config.probes;
+  if (config.spectrum > 0) k = std::max(k, 2.0 * config.spectrum);
+  if (config.exact_jacobian) k = std::max(k, 2 * t * d);
+  const double states = (s + 1) * stream_count * t * d;
+  const double weights = 2 * 4 * d * d + 2 * d * kFfnMultiple * d;      // forward and backward copies
+  const double working = 24 * k * t * d + 4 * k * t * kFfnMultiple * d  // sublayer values and cotangents
+                         + config.heads * t * t * 2 + 4 * k * t * d * stream_count;
+  // The result's per-state and per-sublayer figures (about 40 columns of doubles) and the
+  // contribution log per probe.
+  const double figures = (s + 1) * 8 * (40 + 2.0 * stream_count + config.spectrum) + s * k * 8;
+  constexpr double kBaseline = 16 << 20;  // binary, libraries, result arrays
+  return (states + weights + working) * scalar + figures + kBaseline;
 }
 
 }  // namespace gradflow

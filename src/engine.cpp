@@ -266,7 +266,7 @@ class Analysis {
     return true;
   }
 
-  long long total_work() const { return 2LL * sublayers_; }
+  long long total_work() const { return analysis_work_units(config_); }
   void report_progress(long long done) const {
     if (progress_) progress_(done, total_work());
   }
@@ -675,6 +675,7 @@ class Analysis {
     }
     const Eigen::Index kept = std::min<Eigen::Index>(wanted, columns);
     Eigen::MatrixXd u = Eigen::MatrixXd::Zero(outputs, columns);
+    long long spectrum_done = 0;  // progress units (analysis_work_units)
     const double tolerance =
         config_.precision == Precision::f64 ? kSpectrumToleranceF64 : kSpectrumToleranceF32;
     for (int l = sublayers_; l >= 0; --l) {
@@ -706,6 +707,8 @@ class Analysis {
       for (int i = 0; i < wanted && i < log_singular.size(); ++i) {
         result_.states.at(fmt::format("log10_singular_value_{}", i + 1))[l] = log_singular[i] / kLn10;
       }
+      spectrum_done += sublayers_ - l + 1;
+      report_progress(2LL * sublayers_ + spectrum_done);
     }
   }
 
@@ -903,6 +906,12 @@ std::vector<double>& FigureColumns::at(std::string_view name) {
 
 Constants resolve_constants(const Architecture& arch, const ModelConfig& config) {
   return arch.constants ? arch.constants(config) : Constants{};
+}
+
+long long analysis_work_units(const ModelConfig& config) {
+  const long long sublayers = config.sublayers();
+  const long long spectrum = config.spectrum > 0 ? (sublayers + 1) * (sublayers + 2) / 2 : 0;
+  return 2 * sublayers + spectrum;
 }
 
 SeedResult analyze_seed(const ModelConfig& config, const Architecture& arch, const Constants& constants,

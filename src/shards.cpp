@@ -121,7 +121,11 @@ void ShardPair::worker_loop() {
     if (stop_.load(std::memory_order_acquire)) return;
     std::uint32_t unclaimed = seen - 1;
     if (!claimed_.compare_exchange_strong(unclaimed, seen, std::memory_order_acq_rel)) continue;
-    task_(context_, 1);
+    try {
+      task_(context_, 1);
+    } catch (...) {  // handed to the calling thread, which rethrows it from run()
+      worker_failure_ = std::current_exception();
+    }
     finished_.store(seen, std::memory_order_release);
     finished_.notify_one();
   }

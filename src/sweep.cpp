@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 
+#include "gradflow/config.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/rng.hpp"
 #include "gradflow/statistics.hpp"
@@ -44,6 +45,31 @@ double percentile(const std::vector<double>& sorted, double q) {
   return sorted[below] + (position - static_cast<double>(below)) * (sorted[above] - sorted[below]);
 }
 }  // namespace
+
+void validate_grid(const SweepGrid& grid, const std::string& origin) {
+  if (grid.archs.empty()) throw InputError(fmt::format("{}: the sweep lists no placement (archs)", origin));
+  if (grid.depths.empty() || grid.widths.empty())
+    throw InputError(fmt::format("{}: the sweep lists no depth or no width", origin));
+  for (const int depth : grid.depths) {
+    if (depth < 1 || depth > kMaxBlocks)
+      throw InputError(fmt::format("{}: depth {} is not in [1, {}]", origin, depth, kMaxBlocks));
+  }
+  for (const int width : grid.widths) {
+    if (width < 1 || width > kMaxWidth)
+      throw InputError(fmt::format("{}: width {} is not in [1, {}]", origin, width, kMaxWidth));
+  }
+  if (grid.seeds < 1) throw InputError(fmt::format("{}: seeds {} must be at least 1", origin, grid.seeds));
+  const long long cells = static_cast<long long>(grid.archs.size()) *
+                          static_cast<long long>(grid.depths.size()) *
+                          static_cast<long long>(grid.widths.size()) * grid.seeds;
+  if (grid.seeds > kMaxSweepCells || cells > kMaxSweepCells) {
+    throw InputError(
+        fmt::format("{}: {} placement(s) x {} depth(s) x {} width(s) x {} seed(s) is {} cells, "
+                    "more than the {} one sweep holds; split it into several sweeps",
+                    origin, grid.archs.size(), grid.depths.size(), grid.widths.size(), grid.seeds, cells,
+                    kMaxSweepCells));
+  }
+}
 
 std::vector<SweepCell> sweep_cells(const SweepGrid& grid) {
   std::vector<SweepCell> cells;

@@ -80,8 +80,12 @@ struct ArchResult {
   std::vector<SeedResult> seeds;
 };
 
-// Called after each sublayer of forward and backward: (work done, total work).
+// Called after each sublayer of forward and backward, and after each state of --spectrum:
+// (work done, total work), in the units of analysis_work_units.
 using ProgressCallback = std::function<void(long long done, long long total)>;
+// The progress units of one seed: 2 S sublayer passes, plus for --spectrum k the subspace
+// iteration's sweeps (state l sweeps over S - l + 1 sublayers), so that 100% means done.
+long long analysis_work_units(const ModelConfig& config);
 
 // The resolved constants of `arch` at this configuration (empty for constant-free placements).
 Constants resolve_constants(const Architecture& arch, const ModelConfig& config);

@@ -80,6 +80,14 @@ struct ModelConfig {
   int block_of(int sublayer) const { return sublayer / sublayers_per_block(); }
 };
 
+// Largest sizes gradflow accepts, checked before anything is sized from them: every index and
+// product below stays far inside 64 bits, and S = 2 B fits an int with room to spare. Real runs
+// are limited much earlier by the memory check (estimated_memory_bytes).
+inline constexpr int kMaxBlocks = 1 << 24;  // --depth
+inline constexpr int kMaxWidth = 1 << 20;   // --width (the FFN's hidden width is 4 d)
+inline constexpr int kMaxSeq = 1 << 20;     // --seq
+inline constexpr int kMaxProbes = 4096;     // --probes
+
 // Throws InputError naming the bad value and the fix.
 void validate(const ModelConfig& config);
 
@@ -91,6 +99,10 @@ inline constexpr int kSpectrumMaxColumns = 64;               // --spectrum k
 
 // Bytes an analysis of this configuration needs at peak (residual states plus one sublayer's
 // working set), used to refuse up front what would not fit.
-std::uint64_t estimated_memory_bytes(const ModelConfig& config, int stream_count);
+// Computed in floating point, so that absurd sizes give a huge estimate, never a wrapped one.
+double estimated_memory_bytes(const ModelConfig& config, int stream_count);
+// Bytes one finished run's figures take while the report is built (the arrays, their JSON tree
+// and text): what each of `--seeds N` runs keeps until the end.
+double estimated_result_bytes(const ModelConfig& config, int stream_count);
 
 }  // namespace gradflow

@@ -8,8 +8,10 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <thread>
 #include <type_traits>
+#include <utility>
 
 namespace gradflow {
 
@@ -45,7 +47,8 @@ class ShardPair {
   // done. If the second core has not taken work(1) by the time work(0) is done (it is descheduled:
   // another process has the core), the calling thread runs it too. Either way each shard runs
   // exactly once, with the same results. Without a second core, work(1) runs after work(0).
-  // work must not throw.
+  // If either shard throws (std::bad_alloc, most likely), run() still waits for the other and
+  // then rethrows the first exception on the calling thread.
   template <typename Work>
   void run(Work&& work) {
     if (!worker_.joinable()) {
@@ -65,13 +68,21 @@ class ShardPair {
     const std::uint32_t epoch = posted_.load(std::memory_order_relaxed) + 1;
     posted_.store(epoch, std::memory_order_release);
     posted_.notify_one();
-    own();
+    std::exception_ptr own_failure;
+    try {
+      own();
+    } catch (...) {  // shard 1 may be running on the second core: wait for it before unwinding
+      own_failure = std::current_exception();
+    }
     std::uint32_t unclaimed = epoch - 1;
     if (claimed_.compare_exchange_strong(unclaimed, epoch, std::memory_order_acq_rel)) {
+      if (own_failure) std::rethrow_exception(own_failure);
       task_(context_, 1);  // the second core never took it: run it here
       return;
     }
     wait_until_finished(epoch);
+    if (own_failure) std::rethrow_exception(own_failure);
+    if (worker_failure_) std::rethrow_exception(std::exchange(worker_failure_, nullptr));
   }
   void wait_until_finished(std::uint32_t epoch);
   void wait_until_posted(std::uint32_t seen);
@@ -86,6 +97,8 @@ class ShardPair {
   std::atomic<bool> stop_{false};
   std::atomic<IdleWork*> idle_{nullptr};
   std::atomic<int> idle_users_{0};  // 1 while the second core is inside idle_->step(1)
+  // What shard 1 threw on the second core; written before finished_ is released, read after.
+  std::exception_ptr worker_failure_;
   std::thread worker_;
 };
 

@@ -20,6 +20,14 @@ struct SweepGrid {
   int seeds = 1;  // seeds 0..seeds-1
 };
 
+// The most cells one sweep may have: each cell is a file and a row of the summary, and the
+// grid is held in memory (a million cells is about 100 MB of summary).
+inline constexpr long long kMaxSweepCells = 1 << 20;
+// Throws InputError (naming `origin`, e.g. "--seeds" or a sweep.json path) when the grid is
+// empty, has a non-positive or too large depth, width or seed count, or more than
+// kMaxSweepCells cells (counted in 64 bits, before any cell is made).
+void validate_grid(const SweepGrid& grid, const std::string& origin);
+
 // Every cell in the global order: arch (as given), then depth, width, seed (nested loops).
 std::vector<SweepCell> sweep_cells(const SweepGrid& grid);
 // Shard `index` of `count` (0-based) takes the cells whose global position % count == index.

@@ -26,7 +26,8 @@ struct AnalyzeOptions {
   std::uint64_t seed = 0;
   int seeds = 0;  // 0: just --seed
   int threads = 0;
-  std::string format;  // "": by destination (resolve_output_format)
+  const CLI::Option* threads_flag = nullptr;  // to tell a given --threads from the default (all cores)
+  std::string format;                         // "": by destination (resolve_output_format)
   std::string output;
   std::string export_weights;
   bool quiet = false;
@@ -35,6 +36,15 @@ struct AnalyzeOptions {
   const CLI::Option* seeds_flag = nullptr;
   std::string angles = "consecutive";
 };
+
+// More threads than this is a mistake, not a machine: libgomp fails (or crashes) creating them.
+constexpr int kMaxThreads = 1024;
+
+// Runs (placements x seeds) one analyze keeps in memory for its report at most.
+constexpr long long kMaxRuns = 1 << 20;
+
+// Past this many sublayer-column evaluations --spectrum takes minutes: say so before starting.
+constexpr double kSpectrumWarnEvaluations = 1e6;
 
 // FILE.safetensors -> FILE.{arch}.seed{s}.safetensors when a run writes several files.
 std::string export_path(const std::string& base, std::string_view arch, std::uint64_t seed, bool several) {
@@ -90,17 +100,47 @@ int run_analyze(const AnalyzeOptions& options) {
   const auto archs = parse_architecture_list(options.arch);
   check_alpha_applies(model, archs, options.arch);
   warn_unused_placement_options(options.model, archs);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (options.threads_flag && options.threads_flag->count() > 0 &&
+      (options.threads < 1 || options.threads > kMaxThreads)) {
+    throw InputError(
+        fmt::format("--threads {} must lie in [1, {}]; this machine has {} core(s), the default "
+                    "(omit --threads) uses them all",
+                    options.threads, kMaxThreads, cores));
+  }
+  const int threads = options.threads_flag && options.threads_flag->count() > 0 ? options.threads : cores;
+
+  // Counted in 64 bits and checked before anything is sized from it.
+  const long long seed_count = options.seeds > 0 ? options.seeds : 1;
+  const long long job_count = static_cast<long long>(archs.size()) * seed_count;
+  if (job_count > kMaxRuns) {
+    throw InputError(
+        fmt::format("{} placement(s) x {} seed(s) is {} runs, more than the {} one analyze holds; "
+                    "use fewer --seeds, or 'gradflow sweep' for large grids",
+                    archs.size(), seed_count, job_count, kMaxRuns));
+  }
+  const int jobs = static_cast<int>(job_count);
+  const int concurrent = std::min(threads, jobs);
+  // A single run splits each op over a second thread (the engine's ShardPair).
+  check_memory(model, archs, concurrent, jobs == 1 ? std::min(threads, 2) : concurrent, job_count);
   std::vector<std::uint64_t> seeds;
   if (options.seeds > 0) {
     for (int s = 0; s < options.seeds; ++s) seeds.push_back(static_cast<std::uint64_t>(s));
   } else {
     seeds.push_back(options.seed);
   }
-  const int threads =
-      options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
-
-  const int jobs = static_cast<int>(archs.size() * seeds.size());
-  check_memory(model, archs, std::min(threads, jobs));
+  if (model.spectrum > 0) {
+    const double sublayers = model.sublayers();
+    const double evaluations = sublayers * (sublayers + 1) / 2 * 2 * model.spectrum;
+    if (evaluations > kSpectrumWarnEvaluations) {
+      fmt::print(stderr,
+                 "gradflow: warning: --spectrum {} at {} sublayers costs O(S^2) sweeps (about {:.1e} "
+                 "sublayer-column evaluations, {:.0f}x the analysis without it); expect a long run, or "
+                 "reduce --depth or --spectrum\n",
+                 model.spectrum, model.sublayers(), evaluations,
+                 evaluations / (2 * sublayers * model.probes));
+    }
+  }
   if (model.angles_all && format == "csv") {
     fmt::print(
         stderr,
@@ -136,23 +176,32 @@ int run_analyze(const AnalyzeOptions& options) {
                        fmt::format("gradflow analyze ({} run(s))", jobs));
   std::mutex progress_mutex;
   std::vector<long long> job_done(job_list.size(), 0);
-  const long long total_work = static_cast<long long>(job_list.size()) * 2 * model.sublayers();
-  omp_set_num_threads(threads);
+  const long long total_work = static_cast<long long>(job_list.size()) * analysis_work_units(model);
+  std::exception_ptr failure;  // the first run's exception, rethrown here once every run is done
+  omp_set_num_threads(jobs == 1 ? threads : concurrent);  // no idle threads beyond the runs
   omp_set_max_active_levels(1);
   // Runs are independent and each is deterministic, so their order does not change any number.
+  // An exception must not leave an OpenMP region (that is std::terminate): each is caught and
+  // the first one rethrown after the loop.
 #pragma omp parallel for schedule(dynamic, 1) if (job_list.size() > 1)
   for (std::size_t j = 0; j < job_list.size(); ++j) {
-    ArchResult& result = report.results[job_list[j].result];
-    const ProgressCallback on_progress = [&, j](long long done, long long) {
+    try {
+      ArchResult& result = report.results[job_list[j].result];
+      const ProgressCallback on_progress = [&, j](long long done, long long) {
+        std::lock_guard lock(progress_mutex);
+        job_done[j] = done;
+        long long sum = 0;
+        for (long long d : job_done) sum += d;
+        progress.update(sum, total_work);
+      };
+      result.seeds[job_list[j].seed] =
+          analyze_seed(result.config, *result.arch, result.constants, seeds[job_list[j].seed], on_progress);
+    } catch (...) {
       std::lock_guard lock(progress_mutex);
-      job_done[j] = done;
-      long long sum = 0;
-      for (long long d : job_done) sum += d;
-      progress.update(sum, total_work);
-    };
-    result.seeds[job_list[j].seed] =
-        analyze_seed(result.config, *result.arch, result.constants, seeds[job_list[j].seed], on_progress);
+      if (!failure) failure = std::current_exception();
+    }
   }
+  if (failure) std::rethrow_exception(failure);
   report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   progress.finish();  // clear the bar before warnings and output share the terminal
 
@@ -223,10 +272,12 @@ Command setup_analyze(CLI::App& app) {
       sub->add_option("--seeds", options->seeds, "Run seeds 0..N-1 and add mean, std and 95% intervals")
           ->excludes(seed)
           ->default_str("off");
-  sub->add_option("--threads", options->threads,
-                  "Threads: several runs (placements x seeds) run side by side; a single run splits each op "
-                  "over two of them. Results are identical for every count")
-      ->default_str("all cores");
+  options->threads_flag =
+      sub->add_option(
+             "--threads", options->threads,
+             "Threads: several runs (placements x seeds) run side by side; a single run splits each op "
+             "over two of them. Results are identical for every count")
+          ->default_str("all cores");
   sub->add_option(
          "--format", options->format,
          "Output format: json, csv, table (a summary for people) or markdown (the same as a Markdown "

@@ -242,13 +242,16 @@ int run_check(const CheckOptions& options) {
   std::vector<Expectation> expectations;
   for (const auto& text : options.expectations) expectations.push_back(parse_expectation(text));
   Comparison comparison;
+  std::vector<ExpectationOutcome> outcomes;
   try {
     comparison = compare_documents(result, baseline, tolerances);
+    for (const auto& e : expectations) outcomes.push_back(evaluate_expectation(e, result));
   } catch (const InputError& error) {
     throw InputError(fmt::format("{} vs {}: {}", options.result, options.baseline, error.what()));
+  } catch (const json::exception& error) {
+    throw InputError(fmt::format("{} vs {}: a document lacks a field gradflow writes ({})", options.result,
+                                 options.baseline, error.what()));
   }
-  std::vector<ExpectationOutcome> outcomes;
-  for (const auto& e : expectations) outcomes.push_back(evaluate_expectation(e, result));
   const bool not_comparable = !comparison.mismatches.empty() || comparison.runs_compared == 0;
   bool passed = comparison.regressions.empty() && !not_comparable;
   for (const auto& outcome : outcomes) passed = passed && outcome.passed;
@@ -257,7 +260,7 @@ int run_check(const CheckOptions& options) {
   } else {
     std::cout << markdown_report(options, tolerances, comparison, outcomes, passed, result, baseline);
   }
-  std::cout.flush();
+  check_stdout();                        // the report is the CI step summary: a lost write is an error
   if (!comparison.mismatches.empty()) {  // the report on stdout says the same, for a CI step summary
     const ConfigMismatch& m = comparison.mismatches.front();
     throw InputError(

@@ -52,8 +52,24 @@ void check_alpha_applies(const ModelConfig& model, const std::vector<const Archi
 // Warns when --mix-ratio or --rezero-alpha is given but no placement of `archs` uses it.
 void warn_unused_placement_options(const ModelOptions& options,
                                    const std::vector<const Architecture*>& archs);
-// Refuses up front a configuration whose `concurrent` runs would not fit in memory.
-void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent);
+// Refuses up front a configuration whose `concurrent` runs would not fit in memory, counting
+// `threads` threads for the address space.
+// `stored_runs` finished runs are kept until the report is written (analyze's placements x seeds).
+void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent,
+                  int threads, long long stored_runs);
+// Address space each thread maps besides the data (8 MB stack, glibc's 64 MB malloc arena,
+// OpenBLAS's 32 MB buffer, and slack); measured VmPeak grows by about 120 MB per thread.
+inline constexpr std::uint64_t kThreadAddressSpace = 128ull << 20;
+// Refuses `needed` bytes (what: the work it is for; fix: what to try) when they exceed the
+// memory available to this process, or its address-space limit with `threads` threads.
+void check_memory_need(double needed, int threads, const std::string& what, const std::string& fix);
+
+// Removes every AtomicOutput's temporary file on SIGINT, SIGTERM and SIGHUP, then exits with
+// 128 + the signal (130, 143, 129). Installed once by main.
+void install_signal_cleanup();
+// Flushes stdout and throws InputError when anything written to it was lost (a full disk,
+// /dev/full, a closed pipe).
+void check_stdout();
 
 // Output that appears whole or not at all: a temporary file beside the target, renamed on
 // commit(); removed if never committed. An empty path means stdout (written at commit()).
@@ -66,6 +82,7 @@ class AtomicOutput {
 
  private:
   std::string path_, temporary_;
+  int slot_ = -1;  // its entry in the table the SIGINT/SIGTERM handler cleans up
   std::ofstream file_;
   std::ostringstream buffer_;
   bool committed_ = false;
@@ -83,13 +100,25 @@ std::string resolve_output_format(const std::string& format, const CLI::Option* 
 std::optional<std::string> read_text_file(const std::string& path);
 // Parses a JSON file; throws InputError naming the path when it is missing or malformed.
 nlohmann::ordered_json read_json_file(const std::string& path);
+// Whether a path exists; throws InputError naming it when it cannot be examined (ELOOP, EACCES).
+bool path_exists(const std::string& path);
 // The key where two JSON objects first differ, as "PREFIXkey: A vs B"; empty when equal.
 std::string first_difference(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b,
                              const std::string& prefix);
 // Writes `text` to `path` whole or not at all (AtomicOutput).
 void write_file_atomically(const std::string& path, const std::string& text);
 
-// Bytes of memory this machine can give a new process (MemAvailable), 0 if unknown.
+// What limits this process's memory: the machine (MemAvailable), the cgroup (memory.max minus
+// memory.current) and the address-space limit (RLIMIT_AS, e.g. ulimit -v) with what is mapped already.
+struct MemoryLimits {
+  std::uint64_t available = 0;  // MemAvailable, 0 if unknown
+  bool has_cgroup_limit = false;
+  std::uint64_t cgroup_free = 0;
+  std::uint64_t address_space = 0, address_space_used = 0;  // 0: no RLIMIT_AS
+};
+MemoryLimits memory_limits();
+// Bytes of memory this process can still use (the smaller of MemAvailable and the cgroup's
+// room), 0 if unknown.
 std::uint64_t available_memory_bytes();
 
 // A one-line progress bar on stderr, shown only when stderr is a terminal and not --quiet, and

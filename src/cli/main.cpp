@@ -2,7 +2,10 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <new>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "commands.hpp"
@@ -32,21 +35,38 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "{}\n", cli::parse_error_message(app, error, args));
     return static_cast<int>(ExitCode::bad_input);
   }
-  try {
-    for (const auto& command : commands) {
-      if (command.app->parsed()) return command.run();
-    }
-  } catch (const gradflow::InputError& error) {
-    fmt::print(stderr, "gradflow: error: {}\n", error.what());
+  cli::install_signal_cleanup();
+  // Every exception ends here, whatever thread threw it (workers hand theirs to the main
+  // thread): one line on stderr and exit 2, or 1 for a failed check. Nothing reaches terminate.
+  const auto fail = [](const std::string& what) {
+    fmt::print(stderr, "gradflow: error: {}\n", what);
     return static_cast<int>(ExitCode::bad_input);
+  };
+  try {
+    int code = static_cast<int>(ExitCode::bad_input);
+    for (const auto& command : commands) {
+      if (command.app->parsed()) {
+        code = command.run();
+        break;
+      }
+    }
+    cli::check_stdout();  // data lost on stdout (a full disk, /dev/full) is an error, not exit 0
+    return code;
+  } catch (const gradflow::InputError& error) {
+    return fail(error.what());
   } catch (const gradflow::CheckFailed& error) {
     fmt::print(stderr, "gradflow: check failed: {}\n", error.what());
     return static_cast<int>(ExitCode::check_failed);
   } catch (const std::bad_alloc&) {
-    fmt::print(
-        stderr,
-        "gradflow: error: out of memory; try a smaller --depth, --width or --seq, or --precision f32\n");
-    return static_cast<int>(ExitCode::bad_input);
+    return fail("out of memory; try a smaller --depth, --width or --seq, or --precision f32");
+  } catch (const std::length_error& error) {
+    return fail(fmt::format(
+        "out of memory: a size is too large ({}); try a smaller --depth, --width or --seq", error.what()));
+  } catch (const nlohmann::json::exception& error) {
+    return fail(fmt::format("a document does not have the shape gradflow writes ({})", error.what()));
+  } catch (const std::system_error& error) {  // I/O errors (fmt, the file system), threads not started
+    return fail(fmt::format("system error: {}", error.what()));
+  } catch (const std::exception& error) {
+    return fail(fmt::format("internal error: {}; please report it with the command line", error.what()));
   }
-  return static_cast<int>(ExitCode::bad_input);
 }

@@ -32,7 +32,7 @@ int run_merge(const MergeOptions& options) {
   std::vector<json> manifests;
   for (const auto& directory : options.directories) {
     const std::string path = (std::filesystem::path(directory) / "sweep.json").string();
-    if (!std::filesystem::exists(path)) {
+    if (!path_exists(path)) {
       throw InputError(
           fmt::format("{}: missing; {} is not a gradflow sweep directory (run 'gradflow sweep -o {}')", path,
                       directory, directory));
@@ -53,21 +53,51 @@ int run_merge(const MergeOptions& options) {
   }
   const json& manifest = manifests.front();
   const SweepGrid grid = grid_from_manifest(manifest, options.directories.front());
+  // The cells are all held at once: refuse up front what would not fit (about 8 bytes of
+  // memory per byte of JSON text, as parsed documents).
+  std::uint64_t cell_bytes = 0;
+  const std::vector<SweepCell> all_cells = sweep_cells(grid);
+  for (const SweepCell& cell : all_cells) {
+    for (const auto& directory : options.directories) {
+      const std::string path = (std::filesystem::path(directory) / "cells" / cell_file_name(cell)).string();
+      std::error_code error;
+      const auto size = std::filesystem::file_size(path, error);
+      if (!error) {
+        cell_bytes += size;
+        break;
+      }
+    }
+  }
+  check_memory_need(8.0 * static_cast<double>(cell_bytes) + 1e3 * static_cast<double>(all_cells.size()), 1,
+                    fmt::format("{} cells, {:.2f} GB of JSON", all_cells.size(), cell_bytes / 1e9),
+                    "merge fewer cells at once");
   std::vector<json> cells;
   std::vector<std::string> missing;
-  for (const SweepCell& cell : sweep_cells(grid)) {
+  for (const SweepCell& cell : all_cells) {
     bool found = false;
     for (const auto& directory : options.directories) {
       const std::string path = (std::filesystem::path(directory) / "cells" / cell_file_name(cell)).string();
-      if (!std::filesystem::exists(path)) continue;
+      if (!path_exists(path)) continue;
       json doc = read_json_file(path);
-      const json& config = doc.at("runs").at(0).at("config");
-      for (const char* field : kSharedFields) {
-        if (config.at(field) != manifest.at("model").at(field)) {
-          throw InputError(fmt::format("{} has {} {} but the sweep has {} {}; it belongs to another sweep",
-                                       path, field, config.at(field).dump(), field,
-                                       manifest.at("model").at(field).dump()));
+      const CellFigures figures = cell_figures(doc, path);  // validates the cell's shape
+      if (figures.cell.arch != cell.arch || figures.cell.depth != cell.depth ||
+          figures.cell.width != cell.width || figures.cell.seed != cell.seed) {
+        throw InputError(
+            fmt::format("{} holds the cell {}, not the one its name says; remove it and rerun the "
+                        "sweep to recompute it",
+                        path, cell_file_name(figures.cell)));
+      }
+      try {
+        const json& config = doc.at("runs").at(0).at("config");
+        for (const char* field : kSharedFields) {
+          if (config.at(field) != manifest.at("model").at(field)) {
+            throw InputError(fmt::format("{} has {} {} but the sweep has {} {}; it belongs to another sweep",
+                                         path, field, config.at(field).dump(), field,
+                                         manifest.at("model").at(field).dump()));
+          }
         }
+      } catch (const json::exception& error) {
+        throw InputError(fmt::format("{}: not a gradflow cell document ({})", path, error.what()));
       }
       cells.push_back(std::move(doc));
       found = true;

@@ -93,20 +93,45 @@ void warn_unused_placement_options(const ModelOptions& options,
   }
 }
 
-void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent) {
-  std::uint64_t needed = 0;
+void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent,
+                  int threads, long long stored_runs) {
+  double needed = 0, result = 0;
   for (const Architecture* arch : archs) {
     needed = std::max(needed, estimated_memory_bytes(model, static_cast<int>(arch->streams.size())));
+    result = std::max(result, estimated_result_bytes(model, static_cast<int>(arch->streams.size())));
   }
-  needed *= static_cast<std::uint64_t>(concurrent);
+  needed = needed * concurrent + result * static_cast<double>(stored_runs);
+  check_memory_need(needed, threads,
+                    fmt::format("depth {}, width {}, seq {}, {}, {} run(s) at once", model.blocks,
+                                model.width, model.seq, to_string(model.precision), concurrent),
+                    "reduce --depth, --width or --seq, use --precision f32, or --threads 1");
+}
+
+void check_memory_need(double needed, int threads, const std::string& what, const std::string& fix) {
+  const MemoryLimits limits = memory_limits();
   const std::uint64_t available = available_memory_bytes();
-  if (available > 0 && needed > available) {
+  if (available > 0 && needed > static_cast<double>(available)) {
     throw InputError(fmt::format(
-        "this configuration needs about {:.1f} GB (depth {}, width {}, seq {}, {}, {} run(s) at once) but "
-        "the machine has "
-        "{:.1f} GB available; reduce --depth, --width or --seq, use --precision f32, or --threads 1",
-        needed / 1e9, model.blocks, model.width, model.seq, to_string(model.precision), concurrent,
-        available / 1e9));
+        "out of memory: this needs about {:.2f} GB ({}) but {} {:.2f} GB; {}", needed / 1e9, what,
+        limits.has_cgroup_limit && limits.cgroup_free < limits.available ? "the cgroup's memory.max leaves"
+                                                                         : "the machine has",
+        static_cast<double>(available) / 1e9, fix));
+  }
+  if (limits.address_space > 0) {
+    // Address space, not memory: every thread besides the main one (already counted in VmSize) maps a stack,
+    // a malloc arena and OpenBLAS's buffer, whether it touches them or not. Checked here because OpenBLAS
+    // does not fail cleanly when its buffer cannot be mapped (the thread spins, or the process hangs).
+    const double address_space_needed =
+        static_cast<double>(limits.address_space_used) + needed +
+        static_cast<double>(std::max(threads - 1, 0)) * static_cast<double>(kThreadAddressSpace);
+    if (address_space_needed > static_cast<double>(limits.address_space)) {
+      throw InputError(
+          fmt::format("out of memory: this needs about {:.2f} GB of address space ({}, {} thread(s), {} MB "
+                      "per extra thread) but "
+                      "the limit (RLIMIT_AS, ulimit -v) is {:.2f} GB; {}, or raise the limit",
+                      address_space_needed / 1e9, what, threads, kThreadAddressSpace >> 20,
+                      static_cast<double>(limits.address_space) / 1e9, fix));
+    }
   }
 }
 

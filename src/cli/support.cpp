@@ -1,11 +1,18 @@
 // CLI helpers: all-or-nothing output files, the machine's free memory, the progress bar.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -17,20 +24,95 @@
 
 namespace gradflow::cli {
 
+// ---- temporary files removed on SIGINT and SIGTERM
+// A fixed table of slots, so that the signal handler touches no allocator and no lock: a slot's
+// path is written before its `state` becomes kUsed and is read by the handler only then.
+namespace {
+constexpr int kTemporarySlots = 64;
+constexpr std::size_t kTemporaryPathMax = 4096;
+enum SlotState : int { kFree = 0, kClaimed = 1, kUsed = 2 };
+struct TemporarySlot {
+  std::atomic<int> state{kFree};
+  char path[kTemporaryPathMax] = {};
+};
+std::array<TemporarySlot, kTemporarySlots> temporary_slots;
+
+int register_temporary(const std::string& path) {
+  if (path.size() >= kTemporaryPathMax) return -1;
+  for (int i = 0; i < kTemporarySlots; ++i) {
+    int expected = kFree;
+    if (temporary_slots[i].state.compare_exchange_strong(expected, kClaimed)) {
+      std::memcpy(temporary_slots[i].path, path.c_str(), path.size() + 1);
+      temporary_slots[i].state.store(kUsed);
+      return i;
+    }
+  }
+  return -1;  // more files open at once than slots: still removed by ~AtomicOutput, not on a signal
+}
+
+void unregister_temporary(int slot) {
+  if (slot >= 0) temporary_slots[slot].state.store(kFree);
+}
+
+extern "C" void remove_temporaries_and_exit(int signal_number) {
+  for (auto& slot : temporary_slots) {
+    if (slot.state.load() == kUsed) ::unlink(slot.path);
+  }
+  if (stderr_is_terminal()) {
+    static const char kClearLine[] = "\r\033[2K";
+    [[maybe_unused]] const auto written = ::write(STDERR_FILENO, kClearLine, sizeof kClearLine - 1);
+  }
+  ::_exit(128 + signal_number);  // the shell's convention: 130 for SIGINT, 143 for SIGTERM
+}
+
+// What an existing -o target is when it is not a regular file; empty when it is one or absent.
+std::string special_kind(const std::string& path) {
+  struct stat status {};
+  if (::lstat(path.c_str(), &status) != 0) return {};
+  if (S_ISLNK(status.st_mode)) return "a symbolic link";
+  if (S_ISDIR(status.st_mode)) return "a directory";
+  if (S_ISFIFO(status.st_mode)) return "a FIFO";
+  if (S_ISCHR(status.st_mode) || S_ISBLK(status.st_mode)) return "a device";
+  if (S_ISSOCK(status.st_mode)) return "a socket";
+  return {};
+}
+}  // namespace
+
+void install_signal_cleanup() {
+  struct sigaction action {};
+  action.sa_handler = remove_temporaries_and_exit;
+  sigemptyset(&action.sa_mask);
+  for (const int signal_number : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal_number, &action, nullptr);
+}
+
 AtomicOutput::AtomicOutput(std::string path) : path_(std::move(path)) {
   if (path_.empty() || path_ == "-") return;
   const std::filesystem::path target(path_);
-  if (std::filesystem::is_directory(target)) {
+  const std::string kind = special_kind(path_);
+  if (kind == "a directory") {
     throw InputError(
         fmt::format("-o {} is a directory; give a file name such as {}/result.json", path_, path_));
   }
+  if (!kind.empty()) {
+    // Replacing the link or device by a regular file (rename) would surprise; writing through it
+    // would not be all-or-nothing. Shell redirection is the way to reach a device or a pipe.
+    throw InputError(fmt::format(
+        "-o {} is {}; gradflow writes regular files only (omit -o and redirect stdout to reach it)", path_,
+        kind));
+  }
   std::random_device entropy;
   temporary_ = fmt::format("{}.tmp.{}.{:x}", path_, ::getpid(), entropy());
+  slot_ = register_temporary(temporary_);
   file_.open(temporary_, std::ios::binary | std::ios::trunc);
   if (!file_) {
+    const int error = errno;
+    unregister_temporary(slot_);
+    slot_ = -1;
+    temporary_.clear();
     const auto parent = target.has_parent_path() ? target.parent_path().string() : std::string(".");
-    throw InputError(fmt::format("-o {} is not writable (cannot create a file in {}); choose a writable path",
-                                 path_, parent));
+    throw InputError(
+        fmt::format("-o {} is not writable (cannot create a file in {}: {}); choose a writable path", path_,
+                    parent, std::strerror(error)));
   }
 }
 
@@ -39,6 +121,7 @@ AtomicOutput::~AtomicOutput() {
     file_.close();
     std::remove(temporary_.c_str());
   }
+  unregister_temporary(slot_);
 }
 
 std::ostream& AtomicOutput::stream() {
@@ -47,7 +130,8 @@ std::ostream& AtomicOutput::stream() {
 
 void AtomicOutput::commit() {
   if (temporary_.empty()) {
-    std::cout << buffer_.str() << std::flush;
+    std::cout << buffer_.str();
+    check_stdout();
   } else {
     file_.close();
     if (!file_ || std::rename(temporary_.c_str(), path_.c_str()) != 0) {
@@ -91,6 +175,18 @@ std::string resolve_output_format(const std::string& format, const CLI::Option* 
   return stdout_is_terminal() ? terminal_format : "json";
 }
 
+void check_stdout() {
+  std::cout.flush();
+  const bool failed = !std::cout || std::fflush(stdout) != 0 || std::ferror(stdout);
+  if (failed) {
+    const int error = errno;
+    throw InputError(
+        fmt::format("could not write the output to stdout ({}); check the disk space or the "
+                    "pipe, or write to a file with -o",
+                    error != 0 ? std::strerror(error) : "write error"));
+  }
+}
+
 std::optional<std::string> read_text_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   if (!file) return std::nullopt;
@@ -101,15 +197,27 @@ std::optional<std::string> read_text_file(const std::string& path) {
 }
 
 nlohmann::ordered_json read_json_file(const std::string& path) {
-  if (std::filesystem::is_directory(path))
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);  // follows links; ELOOP comes back here
+  if (error && error != std::errc::no_such_file_or_directory)
+    throw InputError(fmt::format("{}: cannot read the file ({})", path, error.message()));
+  if (std::filesystem::is_directory(status))
     throw InputError(fmt::format("{} is a directory, not a JSON file", path));
   const auto text = read_text_file(path);
   if (!text) throw InputError(fmt::format("{}: cannot read the file (missing or not readable)", path));
   try {
     return nlohmann::ordered_json::parse(*text);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {  // parse errors, and numbers out of range (1e400)
     throw InputError(fmt::format("{}: malformed JSON ({})", path, error.what()));
   }
+}
+
+bool path_exists(const std::string& path) {
+  std::error_code error;
+  const bool exists = std::filesystem::exists(path, error);
+  if (error && error != std::errc::no_such_file_or_directory)
+    throw InputError(fmt::format("{}: cannot be read ({})", path, error.message()));
+  return exists;
 }
 
 // The field where two JSON objects first differ ("model.seq: 16 vs 32"), empty when equal.
@@ -131,16 +239,71 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   output.commit();
 }
 
-std::uint64_t available_memory_bytes() {
-  std::FILE* meminfo = std::fopen("/proc/meminfo", "r");
-  if (!meminfo) return 0;
+namespace {
+// A "Key: N kB" line of a /proc file, in bytes; 0 when absent.
+std::uint64_t proc_kib_field(const char* file, const char* key) {
+  std::FILE* stream = std::fopen(file, "r");
+  if (!stream) return 0;
   char line[256];
   unsigned long long kib = 0;
-  while (std::fgets(line, sizeof line, meminfo)) {
-    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  const std::size_t key_length = std::strlen(key);
+  while (std::fgets(line, sizeof line, stream)) {
+    if (std::strncmp(line, key, key_length) == 0 && line[key_length] == ':') {
+      std::sscanf(line + key_length + 1, "%llu", &kib);
+      break;
+    }
   }
-  std::fclose(meminfo);
+  std::fclose(stream);
   return static_cast<std::uint64_t>(kib) * 1024;
+}
+
+// The first line of a file as a number; nullopt when missing or not a number (e.g. "max").
+std::optional<std::uint64_t> file_number(const std::string& path) {
+  std::FILE* stream = std::fopen(path.c_str(), "r");
+  if (!stream) return std::nullopt;
+  unsigned long long value = 0;
+  const int read = std::fscanf(stream, "%llu", &value);
+  std::fclose(stream);
+  if (read != 1) return std::nullopt;
+  return static_cast<std::uint64_t>(value);
+}
+
+// The cgroup v2 directory of this process ("0::/path" in /proc/self/cgroup).
+std::string cgroup_directory() {
+  const auto text = read_text_file("/proc/self/cgroup");
+  if (!text) return {};
+  const auto at = text->find("0::");
+  if (at == std::string::npos) return {};
+  const auto end = text->find('\n', at);
+  return "/sys/fs/cgroup" + text->substr(at + 3, end == std::string::npos ? std::string::npos : end - at - 3);
+}
+}  // namespace
+
+MemoryLimits memory_limits() {
+  MemoryLimits limits;
+  limits.available = proc_kib_field("/proc/meminfo", "MemAvailable");
+  struct rlimit address_space {};
+  if (::getrlimit(RLIMIT_AS, &address_space) == 0 && address_space.rlim_cur != RLIM_INFINITY) {
+    limits.address_space = address_space.rlim_cur;
+    limits.address_space_used = proc_kib_field("/proc/self/status", "VmSize");
+  }
+  const std::string cgroup = cgroup_directory();
+  if (!cgroup.empty()) {
+    if (const auto max = file_number(cgroup + "/memory.max")) {
+      const std::uint64_t current = file_number(cgroup + "/memory.current").value_or(0);
+      limits.cgroup_free = *max > current ? *max - current : 0;
+      limits.has_cgroup_limit = true;
+    }
+  }
+  return limits;
+}
+
+std::uint64_t available_memory_bytes() {
+  const MemoryLimits limits = memory_limits();
+  std::uint64_t available = limits.available;
+  if (limits.has_cgroup_limit && (available == 0 || limits.cgroup_free < available))
+    available = limits.cgroup_free;
+  return available;
 }
 
 bool stderr_is_terminal() {

@@ -2,8 +2,11 @@
 // and shardable (i/n, for job arrays); the unsharded run also writes DIR/summary.json.
 #include <fmt/format.h>
 #include <omp.h>
+#include <signal.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <mutex>
@@ -58,10 +61,28 @@ std::string stale_reason(const std::string& path, const ArchResult& expected) {
         static_cast<std::size_t>(expected.config.sublayers() + 1)) {
       return "incomplete";
     }
+    cell_figures(doc, path);  // every field the summary reads
   } catch (const json::exception& error) {
     return fmt::format("not a cell document ({})", error.what());
+  } catch (const InputError& error) {
+    return error.what();
   }
   return {};
+}
+
+// A sweep killed by SIGKILL (which no handler sees) leaves its cells' temporary files,
+// NAME.tmp.PID.HEX; those of processes no longer running are removed when the sweep resumes.
+void remove_stale_temporaries(const std::filesystem::path& cells_directory) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(cells_directory, error)) {
+    const std::string name = entry.path().filename().string();
+    const auto at = name.find(".json.tmp.");
+    if (at == std::string::npos) continue;
+    const long pid = std::strtol(name.c_str() + at + 10, nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::filesystem::remove(entry.path(), error);
+    }
+  }
 }
 
 void print_fits(const json& summary) {
@@ -89,6 +110,7 @@ int run_sweep(const SweepOptions& options) {
   grid.seeds = options.seeds;
   const auto archs = parse_architecture_list(options.arch);
   for (const Architecture* arch : archs) grid.archs.emplace_back(arch->id);
+  validate_grid(grid, "--arch, --depth, --width, --seeds");
   ModelConfig model = resolve_model(options.model);
   for (const int width : grid.widths) {  // every cell's configuration must be valid before any work
     for (const int depth : grid.depths) {
@@ -102,7 +124,7 @@ int run_sweep(const SweepOptions& options) {
   ModelConfig largest = model;
   largest.blocks = *std::max_element(grid.depths.begin(), grid.depths.end());
   largest.width = *std::max_element(grid.widths.begin(), grid.widths.end());
-  check_memory(largest, archs, options.jobs);
+  check_memory(largest, archs, options.jobs, options.jobs == 1 ? 2 : options.jobs, options.jobs);
 
   const std::filesystem::path directory(options.directory), cells_directory = directory / "cells";
   std::error_code error;
@@ -114,10 +136,10 @@ int run_sweep(const SweepOptions& options) {
   // The manifest is the same for every shard, so shards may share DIR; a different model is refused.
   const json manifest = json::parse(sweep_manifest(grid, model).dump());
   const std::string manifest_path = (directory / "sweep.json").string();
-  if (std::filesystem::exists(manifest_path)) {
+  if (path_exists(manifest_path)) {
     const json existing = read_json_file(manifest_path);
-    const std::string difference =
-        first_difference(existing.value("model", json::object()), manifest.at("model"), "");
+    grid_from_manifest(existing, manifest_path);  // a damaged manifest is named, not silently replaced
+    const std::string difference = first_difference(existing.at("model"), manifest.at("model"), "");
     if (!difference.empty()) {
       throw InputError(fmt::format(
           "{} holds a sweep with another model configuration ({} in this run: {}); use another -o DIR",
@@ -126,6 +148,7 @@ int run_sweep(const SweepOptions& options) {
   }
   write_file_atomically(manifest_path, manifest.dump(1) + "\n");
 
+  remove_stale_temporaries(cells_directory);
   const std::vector<SweepCell> all_cells = sweep_cells(grid);
   const std::vector<SweepCell> mine = shard_cells(all_cells, shard_index, shard_count);
   struct Pending {
@@ -138,7 +161,7 @@ int run_sweep(const SweepOptions& options) {
   for (const SweepCell& cell : mine) {
     Pending job{cell, cell_run(model, find_architecture(cell.arch), cell),
                 (cells_directory / cell_file_name(cell)).string()};
-    if (std::filesystem::exists(job.path)) {
+    if (path_exists(job.path)) {
       const std::string reason = stale_reason(job.path, job.run);
       if (reason.empty()) {
         ++skipped;
@@ -198,8 +221,11 @@ int run_sweep(const SweepOptions& options) {
     return 0;
   }
   std::vector<json> cells;
-  for (const SweepCell& cell : all_cells)
-    cells.push_back(read_json_file((cells_directory / cell_file_name(cell)).string()));
+  for (const SweepCell& cell : all_cells) {
+    const std::string path = (cells_directory / cell_file_name(cell)).string();
+    cells.push_back(read_json_file(path));
+    cell_figures(cells.back(), path);  // names the file if another process changed it meanwhile
+  }
   const json document = sweep_document(manifest, cells);
   write_file_atomically((directory / "summary.json").string(), document.dump() + "\n");
   if (!options.quiet) print_fits(document.at("summary"));

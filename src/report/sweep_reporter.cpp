@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "gradflow/architecture.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/report.hpp"
 
@@ -71,21 +72,53 @@ json sweep_manifest(const SweepGrid& grid, const ModelConfig& config) {
 }
 
 SweepGrid grid_from_manifest(const json& manifest, const std::string& origin) {
+  SweepGrid out;
   try {
+    if (!manifest.is_object())
+      throw InputError(fmt::format("{}: not a gradflow sweep manifest (not an object)", origin));
+    const json& version = manifest.at("schema_version");
+    if (!version.is_number_integer() || version != kSchemaVersion) {
+      throw InputError(
+          fmt::format("{}: schema_version {} but this gradflow reads {}; rerun the sweep with this "
+                      "version",
+                      origin, version.dump(), kSchemaVersion));
+    }
+    if (manifest.at("command") != "sweep")
+      throw InputError(
+          fmt::format("{}: command is {}, not \"sweep\"", origin, manifest.at("command").dump()));
     const json& grid = manifest.at("grid");
-    SweepGrid out;
     out.archs = grid.at("archs").get<std::vector<std::string>>();
     out.depths = grid.at("depths").get<std::vector<int>>();
     out.widths = grid.at("widths").get<std::vector<int>>();
     out.seeds = grid.at("seeds").get<int>();
-    return out;
+    const json& model = manifest.at("model");
+    if (!model.is_object())
+      throw InputError(fmt::format("{}: \"model\" is {}, not an object", origin, model.type_name()));
+    for (const char* field :
+         {"block", "heads", "seq", "norm", "init", "precision", "branch", "probes", "input_corr"}) {
+      if (!model.contains(field))
+        throw InputError(fmt::format("{}: not a gradflow sweep manifest (model lacks {:?})", origin, field));
+    }
   } catch (const json::exception& error) {
     throw InputError(fmt::format("{}: not a gradflow sweep manifest ({})", origin, error.what()));
   }
+  for (const auto& arch : out.archs) {
+    try {
+      find_architecture(arch);
+    } catch (const InputError& error) {
+      throw InputError(fmt::format("{}: {}", origin, error.what()));
+    }
+  }
+  validate_grid(out, origin);
+  return out;
 }
 
 CellFigures cell_figures(const json& cell, const std::string& origin) {
   try {
+    if (cell.at("schema_version") != kSchemaVersion) {
+      throw InputError(fmt::format("{}: schema_version {} but this gradflow reads {}", origin,
+                                   cell.at("schema_version").dump(), kSchemaVersion));
+    }
     const json& run = cell.at("runs").at(0);
     const json& config = run.at("config");
     const json& seed = run.at("seeds").at(0);
@@ -94,8 +127,18 @@ CellFigures cell_figures(const json& cell, const std::string& origin) {
                     config.at("width").get<int>(), seed.at("seed").get<std::uint64_t>()};
     figures.sublayers = config.at("sublayers").get<int>();
     const json& rms = seed.at("states").at("rms");
+    if (!rms.is_array() || rms.size() != static_cast<std::size_t>(figures.sublayers) + 1) {
+      throw InputError(
+          fmt::format("{}: states.rms has {} entries but the cell has {} sublayers; the file is "
+                      "incomplete or edited",
+                      origin, rms.is_array() ? rms.size() : 0, figures.sublayers));
+    }
     figures.rms_final = to_double(rms.at(rms.size() - 1));
     figures.log10_grad_ratio = to_double(seed.at("summary").at("log10_grad_ratio"));
+    for (const char* key : {"gain_min", "gain_max"}) {
+      if (!seed.at("summary").at(key).is_object())
+        throw InputError(fmt::format("{}: summary.{} is not an object", origin, key));
+    }
     return figures;
   } catch (const json::exception& error) {
     throw InputError(fmt::format("{}: not a gradflow cell document ({})", origin, error.what()));

@@ -112,7 +112,9 @@ def bad_input_names_the_value_and_the_fix_and_writes_nothing():
     expect_bad_input(["analyze", "--arch", "post-ln,pre_ln"], 'did you mean "pre-ln"')
     expect_bad_input(["analyze", "--arch", "keel", "--alpha", "-1"], "--alpha -1", "must be positive")
     expect_bad_input(["analyze", "--arch", "pre-ln", "--alpha", "2"], "--alpha 2 does not apply")
-    expect_bad_input(["analyze", "--depth", "40000000", "--width", "1024"], "GB", "reduce --depth")
+    # 10^7 blocks is inside the depth limit (2^24) and far beyond memory: refused by the estimate.
+    expect_bad_input(["analyze", "--depth", "10000000", "--width", "1024"], "GB", "reduce --depth")
+    expect_bad_input(["analyze", "--depth", "40000000", "--width", "1024"], "--depth 40000000", "16777216")
     expect_bad_input(["analyze", "--norm", "batch"], "--norm")
 
 

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/errors.hpp"
@@ -65,6 +67,27 @@ TEST_CASE("--spectrum 4 matches the exact top-4 singular values to 1e-3 relative
       }
     }
   }
+}
+
+TEST_CASE("--spectrum's progress reaches its total only when the run is done (issue 21)") {
+  ModelConfig config = tiny_config();
+  config.exact_jacobian = false;
+  config.spectrum = 2;
+  const Architecture& arch = find_architecture("keel");
+  std::vector<std::pair<long long, long long>> calls;
+  analyze_seed(config, arch, resolve_constants(arch, config), 0,
+               [&](long long done, long long total) { calls.emplace_back(done, total); });
+  const long long sublayers = config.sublayers();
+  REQUIRE(!calls.empty());
+  CHECK(calls.back().first == calls.back().second);  // 100% at the very end
+  CHECK(calls.back().second == analysis_work_units(config));
+  int spectrum_calls = 0;
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    if (i + 1 < calls.size()) CHECK(calls[i].first < calls[i].second);  // never 100% before the end
+    if (i > 0) CHECK(calls[i].first > calls[i - 1].first);
+    spectrum_calls += calls[i].first > 2 * sublayers;
+  }
+  CHECK(spectrum_calls == sublayers + 1);  // one per state of the subspace iteration
 }
 
 TEST_CASE("--exact-jacobian refuses configurations above its limit with an InputError") {

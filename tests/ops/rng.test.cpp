@@ -97,7 +97,18 @@ TEST_CASE("the generator's draws are pinned for this instruction set") {
       fnv1a(twice.data(), twice.size() * sizeof(double), fnv1a(single.data(), single.size() * sizeof(float)));
   CHECK(single[0] == 0.111869313f);
   CHECK(twice[4098] == -0.44447386264801025);
-#if defined(__AVX512F__)
+#if !defined(__OPTIMIZE__)
+  // Unoptimised builds (Debug, the debug-sanitize preset) round differently: GCC contracts
+  // a * b + c into one fused multiply-add only when optimising (-ffp-contract=fast acts in the
+  // optimiser), so their draws, and every figure, differ in the last bits from Release's. README,
+  // "Reproducibility": bit-identical figures are promised between optimised builds for the same
+  // instruction set only. Here the draws must still be deterministic: a second pass gives the same hash.
+  std::vector<float> again(single.size());
+  fill_normal(stream_key(1, RandomUse::weight, 2, 3), 0.5f, again.data(), again.size());
+  CHECK(std::memcmp(again.data(), single.data(), single.size() * sizeof(float)) == 0);
+  MESSAGE("unoptimised build: the pinned hash (Release builds only) is not checked; this build's is "
+          << hash);
+#elif defined(__AVX512F__)
   CHECK(hash == 0x5bc2c79efd526ed7ull);
 #elif defined(__AVX2__) && defined(__FMA__)
   CHECK(hash == 0xb1c521e769434f1full);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <new>
 #include <thread>
 
 #include "gradflow/analysis.hpp"
@@ -93,6 +94,37 @@ TEST_CASE("ShardPair runs shard 1 on the calling thread when the second core doe
   CHECK(run.runs[0].load() == 1);
   CHECK(run.runs[1].load() == 1);
   CHECK(run.ids[1] != std::this_thread::get_id());
+}
+
+TEST_CASE("ShardPair hands an exception of either shard to the caller once both shards are done") {
+  for (const bool second_core : {false, true}) {
+    for (const int thrower : {0, 1}) {
+      ShardPair shards(second_core);
+      for (int round = 0; round < 50; ++round) {
+        std::atomic<int> finished{0};
+        const auto work = [&](int shard) {
+          if (shard == thrower) throw std::bad_alloc();
+          std::this_thread::sleep_for(std::chrono::microseconds(shard == 1 ? 200 : 0));
+          finished.fetch_add(1);
+        };
+        int at_throw = -1;
+        try {
+          shards.run(work);
+        } catch (const std::bad_alloc&) {
+          at_throw = finished.load();
+          // No shard is still running once run() has unwound (the lambda's captures die here).
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          CHECK(finished.load() == at_throw);
+        }
+        REQUIRE(at_throw >= 0);                  // the exception reached the caller
+        if (thrower == 1) CHECK(at_throw == 1);  // shard 0 ran to its end first
+      }
+      // And the pair still works afterwards.
+      const RecordedRun run(shards, second_core);
+      CHECK(run.runs[0].load() == 1);
+      CHECK(run.runs[1].load() == 1);
+    }
+  }
 }
 
 TEST_CASE("shard_range splits at a granule boundary and covers every item once") {
