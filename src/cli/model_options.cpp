@@ -100,11 +100,17 @@ void check_memory(const ModelConfig& model, const std::vector<const Architecture
     needed = std::max(needed, estimated_memory_bytes(model, static_cast<int>(arch->streams.size())));
     result = std::max(result, estimated_result_bytes(model, static_cast<int>(arch->streams.size())));
   }
-  needed = needed * concurrent + result * static_cast<double>(stored_runs);
-  check_memory_need(needed, threads,
-                    fmt::format("depth {}, width {}, seq {}, {}, {} run(s) at once", model.blocks,
-                                model.width, model.seq, to_string(model.precision), concurrent),
-                    "reduce --depth, --width or --seq, use --precision f32, or --threads 1");
+  const double working = needed * concurrent, kept = result * static_cast<double>(stored_runs);
+  // Each run's figures are kept until the document is written: with many seeds they dominate.
+  const bool results_dominate = kept > working;
+  check_memory_need(
+      working + kept, threads,
+      fmt::format("depth {}, width {}, seq {}, {}, {} run(s) at once, {} run result(s) kept "
+                  "for the output",
+                  model.blocks, model.width, model.seq, to_string(model.precision), concurrent, stored_runs),
+      results_dominate ? "use fewer --seeds or placements, or 'gradflow sweep', which writes "
+                         "each run to disk as it ends"
+                       : "reduce --depth, --width or --seq, use --precision f32, or --threads 1");
 }
 
 void check_memory_need(double needed, int threads, const std::string& what, const std::string& fix) {

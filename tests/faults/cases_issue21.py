@@ -24,6 +24,10 @@ SPECIAL = tempfile.mkdtemp(prefix="gradflow-special-")
 LOOP = os.path.join(SPECIAL, "loop")
 os.symlink(os.path.join(SPECIAL, "loop2"), LOOP)
 os.symlink(LOOP, os.path.join(SPECIAL, "loop2"))
+# The same loop under the one extension --export-weights accepts, so the loop (not the name) is refused.
+LOOP_SAFETENSORS = os.path.join(SPECIAL, "loop.safetensors")
+os.symlink(os.path.join(SPECIAL, "loop2.safetensors"), LOOP_SAFETENSORS)
+os.symlink(LOOP_SAFETENSORS, os.path.join(SPECIAL, "loop2.safetensors"))
 LINK = os.path.join(SPECIAL, "link.json")
 open(os.path.join(SPECIAL, "target.json"), "w").close()
 os.symlink(os.path.join(SPECIAL, "target.json"), LINK)
@@ -35,13 +39,16 @@ os.symlink(LOOP_DIR, LOOP_DIR)
 # must not be able to damage the system's own. A device node needs root (CAP_MKNOD); without it
 # the device case runs against a symlink-free path and says so.
 NULL_DEVICE = os.path.join(SPECIAL, "null")
+NULL_SAFETENSORS = os.path.join(SPECIAL, "null.safetensors")  # the name --export-weights accepts
 try:
-    os.mknod(NULL_DEVICE, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-    DEVICE_MESSAGE = r"null is a device"
+    for node in (NULL_DEVICE, NULL_SAFETENSORS):
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    DEVICE_MESSAGE = r"null(\.safetensors)? is a device"
 except PermissionError:
     print("note: no CAP_MKNOD; the -o device case uses a symlink to /dev/null instead")
-    os.symlink("/dev/null", NULL_DEVICE)
-    DEVICE_MESSAGE = r"null is a symbolic link"
+    for node in (NULL_DEVICE, NULL_SAFETENSORS):
+        os.symlink("/dev/null", node)
+    DEVICE_MESSAGE = r"null(\.safetensors)? is a symbolic link"
 STDOUT_LINK = os.path.join(SPECIAL, "stdout")
 os.symlink("/proc/self/fd/1", STDOUT_LINK)
 
@@ -99,7 +106,7 @@ CASES = [
     Case("check: a symlink loop", ["check", LOOP, "--baseline", LOOP], message="symbolic links"),
     Case("merge: a symlink loop", ["merge", LOOP_DIR], message="loopdir"),
     Case("analyze -o: a symlink loop", ["analyze", *TINY, "-o", LOOP], message="symbolic link"),
-    Case("analyze --export-weights: a symlink loop", ["analyze", *TINY, "-o", "r.json", "--export-weights", LOOP],
+    Case("analyze --export-weights: a symlink loop", ["analyze", *TINY, "-o", "r.json", "--export-weights", LOOP_SAFETENSORS],
          message="symbolic link"),
     # threads
     Case("analyze --threads 100000", ["analyze", "--arch", "keel,pre-ln,post-ln", "--depth", "1", "--width", "16",
@@ -146,7 +153,7 @@ CASES = [
     Case("analyze -o a FIFO", ["analyze", *TINY, "-o", FIFO], message=r"is a FIFO", timeout=10),
     Case("merge -o a symlink", ["merge", "sw", "-o", LINK], message=r"is a symbolic link",
          files=fixtures.sweep_files(F)),
-    Case("analyze --export-weights onto a device", ["analyze", *TINY, "-o", "r.json", "--export-weights", NULL_DEVICE],
+    Case("analyze --export-weights onto a device", ["analyze", *TINY, "-o", "r.json", "--export-weights", NULL_SAFETENSORS],
          message=DEVICE_MESSAGE),
     # accepted silently before
     *[Case(f"check: schema_version {v}", ["check", "a.json", "--baseline", "b.json"], message="schema_version",
