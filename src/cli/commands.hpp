@@ -129,7 +129,6 @@ class ProgressBar {
   ProgressBar(bool enabled, std::string label);
   ~ProgressBar();
   void update(long long done, long long total);
-  void set_label(std::string label);
   void finish();  // erase the bar (if drawn) and draw no more
 
  private:

@@ -328,10 +328,6 @@ void ProgressBar::finish() {
   enabled_ = false;
 }
 
-void ProgressBar::set_label(std::string label) {
-  label_ = std::move(label);
-}
-
 void ProgressBar::update(long long done, long long total) {
   if (!enabled_ || total <= 0) return;
   if (last_permille_ < 0 && std::chrono::steady_clock::now() - start_ < kDelay) return;
