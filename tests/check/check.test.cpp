@@ -57,7 +57,7 @@ TEST_CASE("figure scales follow the names") {
 }
 
 TEST_CASE(
-    "identical documents pass; a linear figure off by more than its tolerance is named with its layer") {
+    "identical documents pass, and a linear figure off by more than its tolerance is named with its layer") {
   const json base = analyze_doc("keel", 2.0);
   const Comparison same = compare_documents(base, base, {});
   CHECK(same.regressions.empty());
@@ -77,7 +77,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "missing runs regress; different configurations are recorded as mismatches; non-documents are bad "
+    "missing runs regress, different configurations are recorded as mismatches, and non-documents are bad "
     "input") {
   const json base = analyze_doc("keel", 2.0);
   const Comparison missing = compare_documents(analyze_doc("pre-ln", 2.0), base, {});

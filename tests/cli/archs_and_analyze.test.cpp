@@ -35,7 +35,8 @@ bool all_numbers(const json& array) {
 }  // namespace
 
 TEST_CASE(
-    "gradflow archs lists at least 19 placements, each with an arXiv citation; span-norm is provisional") {
+    "gradflow archs lists at least 19 placements, each with an arXiv citation, and span-norm is "
+    "provisional") {
   const auto [out, code] = run_binary("archs --format json --depth 64");
   REQUIRE(code == 0);
   const json doc = json::parse(out);

@@ -26,7 +26,7 @@ TEST_CASE(
   CHECK(run.states.at("erank")[8] < run.states.at("erank")[0]);
 }
 
-TEST_CASE("token_cos follows --input-corr at the input; erank and angles have their ranges") {
+TEST_CASE("token_cos follows --input-corr at the input, and erank and angles have their ranges") {
   ModelConfig config;
   config.blocks = 4;
   config.seq = 32;

@@ -152,7 +152,7 @@ TEST_CASE("lower_gram's lower triangle is the Gram matrix, in float and double")
   }
 }
 
-TEST_CASE("gram_lower_f64 is the in-order sum of each lower entry; above it, that sum or zero") {
+TEST_CASE("gram_lower_f64 is the in-order sum of each lower entry, and above it that sum or zero") {
   if (!kTiledMultiply) return;
   for (const Eigen::Index m : {1, 7, 8, 9, 16, 17, 33, 64, 70}) {
     for (const Eigen::Index k : {0, 1, 5, 256, 300}) {

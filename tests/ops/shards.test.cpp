@@ -61,7 +61,7 @@ struct BlockingStep final : IdleWork {
 };
 }  // namespace
 
-TEST_CASE("ShardPair runs each shard exactly once; the second core takes shard 1 when it can") {
+TEST_CASE("ShardPair runs each shard exactly once, and the second core takes shard 1 when it can") {
   for (const bool second_core : {false, true}) {
     ShardPair shards(second_core);
     int on_other_thread = 0;
