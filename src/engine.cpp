@@ -40,6 +40,16 @@ constexpr int kSpectrumMaxIterations = 200;
 template <typename Scalar>
 using State = std::vector<Mat<Scalar>>;  // one (T, d) matrix per stream
 
+// The test-only weight nudge (AnalysisHooks::weight_nudge), applied when it targets this sublayer.
+template <typename Scalar>
+void nudge_weights(const AnalysisHooks& hooks, int sublayer, SublayerWeights<Scalar>& weights) {
+  if (!hooks.weight_nudge || hooks.weight_nudge->sublayer != sublayer) return;
+  const auto& nudge = *hooks.weight_nudge;
+  Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v,
+                             &weights.w_o, &weights.w_1, &weights.w_2};  // WeightMatrix's order
+  matrices[static_cast<int>(nudge.matrix)]->data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
+}
+
 template <typename Scalar>
 double squared_norm(const Scalar* data, Eigen::Index count) {
   return lane_sum(
@@ -101,12 +111,14 @@ template <typename Scalar>
 class Analysis {
  public:
   Analysis(const ModelConfig& config, const Architecture& arch, const Constants& constants,
-           std::uint64_t seed, const ProgressCallback& progress, const Mat<Scalar>* input = nullptr)
+           std::uint64_t seed, const ProgressCallback& progress, const AnalysisHooks& hooks,
+           const Mat<Scalar>* input = nullptr)
       : config_(config),
         arch_(arch),
         constants_(constants),
         seed_(seed),
         progress_(progress),
+        hooks_(hooks),
         sublayers_(config.sublayers()),
         skip_weights_(sublayers_ + 1, 1.0),
         input_(input) {}
@@ -185,7 +197,7 @@ class Analysis {
     if (loaded_[buffer] != l) {
       if (drawing_[buffer] != l) start_draw(l);
       draws_[buffer].finish();
-      nudge_weights(config_, context(l), weight_buffers_[buffer]);
+      nudge_weights(hooks_, l, weight_buffers_[buffer]);
       loaded_[buffer] = l;
       drawing_[buffer] = -1;
     }
@@ -487,7 +499,7 @@ class Analysis {
       // Recompute the activations from the stored state; post-norm placements stop before the
       // branch's output projection, since the stored x_{l+1} and its norm statistics are known.
       const auto branch = prepare_sublayer(l, l - 1);
-      if (config_.recompute_in_full || arch_.additive_stream) {  // additive: stream_decomposition needs F
+      if (hooks_.recompute_in_full || arch_.additive_stream) {  // additive: stream_decomposition needs F
         executor_.forward(graph_, states_[l], branch);
       } else {
         executor_.recompute(graph_, states_[l], branch,
@@ -826,6 +838,7 @@ class Analysis {
   const Constants& constants_;
   const std::uint64_t seed_;
   const ProgressCallback progress_;  // a copy: callers may pass a temporary
+  const AnalysisHooks hooks_;        // a copy, likewise
   const int sublayers_;
   std::vector<double> skip_weights_;
 
@@ -915,19 +928,19 @@ long long analysis_work_units(const ModelConfig& config) {
 }
 
 SeedResult analyze_seed(const ModelConfig& config, const Architecture& arch, const Constants& constants,
-                        std::uint64_t seed, const ProgressCallback& progress) {
+                        std::uint64_t seed, const ProgressCallback& progress, const AnalysisHooks& hooks) {
   if (config.precision == Precision::f32)
-    return Analysis<float>(config, arch, constants, seed, progress).run();
-  return Analysis<double>(config, arch, constants, seed, progress).run();
+    return Analysis<float>(config, arch, constants, seed, progress, hooks).run();
+  return Analysis<double>(config, arch, constants, seed, progress, hooks).run();
 }
 
 InputGradient loss_and_input_gradient(const ModelConfig& config, const Architecture& arch,
                                       const Constants& constants, std::uint64_t seed,
-                                      const Eigen::MatrixXd* input) {
+                                      const Eigen::MatrixXd* input, const AnalysisHooks& hooks) {
   ModelConfig f64 = config;
   f64.precision = Precision::f64;
   const Mat<double> row_major_input = input ? Mat<double>(*input) : make_input<double>(f64, seed);
-  Analysis<double> analysis(f64, arch, constants, seed, {}, &row_major_input);
+  Analysis<double> analysis(f64, arch, constants, seed, {}, hooks, &row_major_input);
   const SeedResult result = analysis.run();
   if (result.diverged) throw std::runtime_error("loss_and_input_gradient: " + result.diverged->reason);
   return {analysis.loss(), analysis.input_gradient()};

@@ -126,21 +126,11 @@ void normalize_along_width(SublayerKind kind, SublayerWeights<Scalar>& weights) 
 }
 
 template <typename Scalar>
-void nudge_weights(const ModelConfig& config, const SublayerContext& ctx, SublayerWeights<Scalar>& weights) {
-  if (!config.weight_nudge || config.weight_nudge->sublayer != ctx.sublayer) return;  // test-only hook
-  const auto& nudge = *config.weight_nudge;
-  Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v,
-                             &weights.w_o, &weights.w_1, &weights.w_2};
-  matrices[nudge.matrix]->data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
-}
-
-template <typename Scalar>
 void generate_weights(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx,
                       std::uint64_t seed, SublayerWeights<Scalar>& weights) {
   WeightDraw<Scalar> draw;
   draw.plan(config, arch, ctx, seed, weights);
   draw.finish();
-  nudge_weights(config, ctx, weights);
 }
 
 // x_0[t] = sqrt(r) c + sqrt(1 - r) e_t with c, e_t i.i.d. N(0, I) rows (architectures.md "Inputs").
@@ -174,8 +164,6 @@ template class WeightDraw<float>;
 template class WeightDraw<double>;
 template void normalize_along_width<float>(SublayerKind, SublayerWeights<float>&);
 template void normalize_along_width<double>(SublayerKind, SublayerWeights<double>&);
-template void nudge_weights<float>(const ModelConfig&, const SublayerContext&, SublayerWeights<float>&);
-template void nudge_weights<double>(const ModelConfig&, const SublayerContext&, SublayerWeights<double>&);
 template void generate_weights<float>(const ModelConfig&, const Architecture&, const SublayerContext&,
                                       std::uint64_t, SublayerWeights<float>&);
 template void generate_weights<double>(const ModelConfig&, const Architecture&, const SublayerContext&,

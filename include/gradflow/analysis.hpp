@@ -87,12 +87,29 @@ using ProgressCallback = std::function<void(long long done, long long total)>;
 // iteration's sweeps (state l sweeps over S - l + 1 sublayers), so that 100% means done.
 long long analysis_work_units(const ModelConfig& config);
 
+// Test-only hooks into one analysis; the CLI never sets them, and the defaults change nothing.
+struct AnalysisHooks {
+  // Added to one weight entry after the sublayer's weights are drawn, so that tests can take
+  // finite differences of the loss with respect to a weight.
+  struct WeightNudge {
+    int sublayer = -1;
+    WeightMatrix matrix = WeightMatrix::q;
+    long long entry = 0;  // index into the matrix's row-major data
+    double delta = 0.0;
+  };
+  std::optional<WeightNudge> weight_nudge;
+  // Recompute every sublayer in full during the backward pass, also where the branch's output
+  // projection is not needed (GraphExecutor::recompute), to compare the two.
+  bool recompute_in_full = false;
+};
+
 // The resolved constants of `arch` at this configuration (empty for constant-free placements).
 Constants resolve_constants(const Architecture& arch, const ModelConfig& config);
 
 // Analyses one seed: forward pass, probe backward pass with renormalised gradients, figures.
 SeedResult analyze_seed(const ModelConfig& config, const Architecture& arch, const Constants& constants,
-                        std::uint64_t seed, const ProgressCallback& progress = {});
+                        std::uint64_t seed, const ProgressCallback& progress = {},
+                        const AnalysisHooks& hooks = {});
 
 // The probe loss L = sum(U * y) of probe 0 and its exact gradient dL/dx_0 (summed over the
 // streams that start as copies of x_0), in float64: what finite-difference tests and the
@@ -103,7 +120,8 @@ struct InputGradient {
 };
 InputGradient loss_and_input_gradient(const ModelConfig& config, const Architecture& arch,
                                       const Constants& constants, std::uint64_t seed,
-                                      const Eigen::MatrixXd* input = nullptr);
+                                      const Eigen::MatrixXd* input = nullptr,
+                                      const AnalysisHooks& hooks = {});
 
 // A named tensor as stored for --export-weights: row-major data in the run's precision.
 struct NamedTensor {

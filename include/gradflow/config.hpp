@@ -59,18 +59,6 @@ struct ModelConfig {
   bool angles_all = false;      // --angles all: the (S+1)x(S+1) angular-distance matrix over states
   int spectrum = 0;             // --spectrum k: top-k singular values of J_{l->out} per state
   bool exact_jacobian = false;  // --exact-jacobian: the full J_{l->out} per state (tiny configs only)
-  // Test-only: added to one weight entry after the weights are generated, so that tests can take
-  // finite differences of the loss with respect to a weight. Never set by the CLI.
-  struct WeightNudge {
-    int sublayer = -1;
-    int matrix = 0;  // static_cast<int>(WeightMatrix)
-    long long entry = 0;
-    double delta = 0.0;
-  };
-  std::optional<WeightNudge> weight_nudge;
-  // Test-only: recompute every sublayer in full during the backward pass, also where the branch's
-  // output projection is not needed (GraphExecutor::recompute), to compare the two. Never set by the CLI.
-  bool recompute_in_full = false;
 
   int sublayers_per_block() const { return block == BlockKind::attn_ffn ? 2 : 1; }
   int sublayers() const { return blocks * sublayers_per_block(); }

@@ -61,10 +61,6 @@ class WeightDraw final : public IdleWork {
 template <typename Scalar>
 void normalize_along_width(SublayerKind kind, SublayerWeights<Scalar>& weights);
 
-// The test-only weight nudge (ModelConfig::weight_nudge), when it targets this sublayer.
-template <typename Scalar>
-void nudge_weights(const ModelConfig& config, const SublayerContext& ctx, SublayerWeights<Scalar>& weights);
-
 // x_0 (T, d): rows sqrt(r) c + sqrt(1 - r) e_t (architectures.md "Inputs").
 template <typename Scalar>
 Mat<Scalar> make_input(const ModelConfig& config, std::uint64_t seed);

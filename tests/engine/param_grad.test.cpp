@@ -10,10 +10,11 @@ using namespace gradflow;
 
 namespace {
 // The loss of probe 0 with one weight entry shifted by delta.
-double nudged_loss(ModelConfig config, const Architecture& arch, const Constants& constants, int sublayer,
-                   WeightMatrix matrix, long long entry, double delta) {
-  config.weight_nudge = ModelConfig::WeightNudge{sublayer, static_cast<int>(matrix), entry, delta};
-  return loss_and_input_gradient(config, arch, constants, 5).loss;
+double nudged_loss(const ModelConfig& config, const Architecture& arch, const Constants& constants,
+                   int sublayer, WeightMatrix matrix, long long entry, double delta) {
+  AnalysisHooks hooks;
+  hooks.weight_nudge = AnalysisHooks::WeightNudge{sublayer, matrix, entry, delta};
+  return loss_and_input_gradient(config, arch, constants, 5, nullptr, hooks).loss;
 }
 }  // namespace
 

@@ -41,8 +41,9 @@ TEST_CASE("skipping the branch output in the recompute changes no figure but the
       config.precision = Precision::f64;
       const Constants constants = resolve_constants(arch, config);
       const SeedResult skipped = analyze_seed(config, arch, constants, 3);
-      config.recompute_in_full = true;
-      const SeedResult full = analyze_seed(config, arch, constants, 3);
+      AnalysisHooks in_full;
+      in_full.recompute_in_full = true;
+      const SeedResult full = analyze_seed(config, arch, constants, 3, {}, in_full);
       CAPTURE(arch.id);
       CAPTURE(static_cast<int>(block));
       for (const FigureColumns* columns : {&skipped.states, &skipped.sublayers}) {
