@@ -12,20 +12,10 @@
 
 #include "gradflow/architecture.hpp"
 #include "gradflow/config.hpp"
+#include "gradflow/figures.hpp"
 #include "gradflow/statistics.hpp"
 
 namespace gradflow {
-
-// Named columns of equal length, in output order. NaN marks "no value" (null / empty cell).
-struct FigureColumns {
-  std::vector<std::string> names;
-  std::vector<std::vector<double>> values;
-
-  std::vector<double>& add(std::string name, std::size_t length);
-  const std::vector<double>* find(std::string_view name) const;
-  std::vector<double>& at(std::string_view name);  // throws std::logic_error when missing
-  const std::vector<double>& at(std::string_view name) const;
-};
 
 struct StreamFigures {
   std::string name;
@@ -106,10 +96,18 @@ struct AnalysisHooks {
 // The resolved constants of `arch` at this configuration (empty for constant-free placements).
 Constants resolve_constants(const Architecture& arch, const ModelConfig& config);
 
+// How one analysis runs; no option changes a number.
+struct ExecutionOptions {
+  // Threads inside the run: 2 splits every op of a model branch into two fixed shards on two
+  // cores (shards.hpp) and draws the next sublayer's weights on whichever core waits; 1 runs all
+  // on the calling thread (as inside a parallel loop over runs, whose cores are already busy).
+  int threads = 1;
+};
+
 // Analyses one seed: forward pass, probe backward pass with renormalised gradients, figures.
 SeedResult analyze_seed(const ModelConfig& config, const Architecture& arch, const Constants& constants,
-                        std::uint64_t seed, const ProgressCallback& progress = {},
-                        const AnalysisHooks& hooks = {});
+                        std::uint64_t seed, const ExecutionOptions& execution = {},
+                        const ProgressCallback& progress = {}, const AnalysisHooks& hooks = {});
 
 // The probe loss L = sum(U * y) of probe 0 and its exact gradient dL/dx_0 (summed over the
 // streams that start as copies of x_0), in float64: what finite-difference tests and the

@@ -194,8 +194,10 @@ int run_analyze(const AnalyzeOptions& options) {
         for (long long d : job_done) sum += d;
         progress.update(sum, total_work);
       };
-      result.seeds[job_list[j].seed] =
-          analyze_seed(result.config, *result.arch, result.constants, seeds[job_list[j].seed], on_progress);
+      // The run's second core only when it runs alone: inside the parallel loop the cores are busy.
+      const ExecutionOptions execution{omp_get_max_threads() >= 2 && !omp_in_parallel() ? 2 : 1};
+      result.seeds[job_list[j].seed] = analyze_seed(result.config, *result.arch, result.constants,
+                                                    seeds[job_list[j].seed], execution, on_progress);
     } catch (...) {
       std::lock_guard lock(progress_mutex);
       if (!failure) failure = std::current_exception();

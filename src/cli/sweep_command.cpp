@@ -192,7 +192,8 @@ int run_sweep(const SweepOptions& options) {
     try {
       Pending& job = pending[j];
       const auto start = std::chrono::steady_clock::now();
-      job.run.seeds[0] = analyze_seed(job.run.config, *job.run.arch, job.run.constants, job.cell.seed);
+      const ExecutionOptions execution{omp_get_max_threads() >= 2 && !omp_in_parallel() ? 2 : 1};
+      job.run.seeds[0] = analyze_seed(job.run.config, *job.run.arch, job.run.constants, job.cell.seed, execution);
       write_file_atomically(job.path, cell_document(job.run).dump() + "\n");
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::lock_guard lock(mutex);

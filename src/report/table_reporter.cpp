@@ -94,7 +94,7 @@ std::string_view class_colour(std::string_view growth_class) {
 }
 
 double log10_skip_product(const SeedResult& seed) {
-  const auto* skip = seed.sublayers.find("skip_gain");
+  const auto* skip = seed.sublayers.find(Figure::skip_gain);
   if (!skip) return std::nan("");
   double sum = 0.0;
   for (const double g : *skip) sum += std::log10(g);  // NaN or -inf propagate to "-"
@@ -111,7 +111,7 @@ std::vector<Cell> row_for(const ArchResult& result) {
   for (const SeedResult& seed : seeds) {
     ratios.push_back(seed.log10_grad_ratio);
     skips.push_back(log10_skip_product(seed));
-    rms_top.push_back(seed.states.at("rms").back());
+    rms_top.push_back(seed.states.at(Figure::rms).back());
     exponents.push_back(seed.growth.exponent);
     // Across seeds: the smallest minimum and the largest maximum, with their sublayer.
     if (seed.gain_min.value < gain_min.value) gain_min = seed.gain_min;

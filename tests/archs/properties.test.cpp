@@ -59,21 +59,21 @@ TEST_CASE("rezero: with a = 0 the stack is the identity at init (x_S == x_0, eve
   CHECK((exact.gradient - Eigen::MatrixXd(probe)).norm() <= 1e-12 * probe.norm());
 
   const SeedResult result = run("rezero", config);
-  const auto& rms = result.states.at("rms");
+  const auto& rms = result.states.at(Figure::rms);
   for (int l = 0; l < config.sublayers(); ++l) {
     CAPTURE(l);
     CHECK(rms[l + 1] == rms[0]);
-    CHECK(result.sublayers.at("gain")[l] == doctest::Approx(1.0).epsilon(1e-12));
-    CHECK(result.sublayers.at("skip_gain")[l] == doctest::Approx(1.0).epsilon(1e-12));
-    CHECK(result.sublayers.at("branch_rms")[l] == 0.0);
-    CHECK(result.sublayers.at("stream_share")[l] == 0.0);
+    CHECK(result.sublayers.at(Figure::gain)[l] == doctest::Approx(1.0).epsilon(1e-12));
+    CHECK(result.sublayers.at(Figure::skip_gain)[l] == doctest::Approx(1.0).epsilon(1e-12));
+    CHECK(result.sublayers.at(Figure::branch_rms)[l] == 0.0);
+    CHECK(result.sublayers.at(Figure::stream_share)[l] == 0.0);
   }
   CHECK(std::abs(result.growth.exponent) < 1e-12);  // every state has the same rms: slope 0 up to rounding
 
   ModelConfig moving = config;  // --rezero-alpha turns the branches on
   moving.rezero_alpha = 0.5;
   CHECK(constant("rezero", moving, "alpha") == 0.5);
-  CHECK(run("rezero", moving).states.at("rms")[config.sublayers()] != rms[0]);
+  CHECK(run("rezero", moving).states.at(Figure::rms)[config.sublayers()] != rms[0]);
 }
 
 TEST_CASE("ngpt: every state after the first sublayer has unit-norm tokens") {
@@ -82,7 +82,7 @@ TEST_CASE("ngpt: every state after the first sublayer has unit-norm tokens") {
     ModelConfig config = small_f64();
     config.seq = seq;
     const SeedResult result = run("ngpt", config);
-    const auto& rms = result.states.at("rms");
+    const auto& rms = result.states.at(Figure::rms);
     for (int l = 1; l <= config.sublayers(); ++l) {
       CAPTURE(seq);
       CAPTURE(l);
@@ -178,12 +178,12 @@ TEST_CASE("ngpt: the FFN's hidden pre-activation is scaled by s_uv = sqrt(d) (in
       unscaled_ffn_difference =
           std::max(unscaled_ffn_difference,
                    std::abs(std::sqrt(unscaled_update.squaredNorm() / unscaled_update.size()) /
-                                result.sublayers.at("branch_rms")[l] -
+                                result.sublayers.at(Figure::branch_rms)[l] -
                             1));
     }
     const Mat<double> update = alpha * (unit(f) - unit(x));
     CAPTURE(l);
-    CHECK(result.sublayers.at("branch_rms")[l] ==
+    CHECK(result.sublayers.at(Figure::branch_rms)[l] ==
           doctest::Approx(std::sqrt(update.squaredNorm() / update.size())).epsilon(1e-12));
     x = unit(unit(x) + update);
   }
@@ -229,14 +229,14 @@ TEST_CASE("admin: the profiled weights satisfy w_{l+1}^2 = w_l^2 Var[x_l] + Var[
       ffn_forward(x, weights, FfnOptions{}, ffn, f);
     }
     CAPTURE(l);
-    CHECK(result.sublayers.at("skip_gain_theory")[l] ==
+    CHECK(result.sublayers.at(Figure::skip_gain_theory)[l] ==
           doctest::Approx(w / std::sqrt(w * w + 1)).epsilon(1e-12));
     const Mat<double> skip = w * x;
     const Mat<double> sum = skip + f;
     w = std::sqrt(variance(skip) + variance(f));  // Liu et al. 2020 as profiled in the authors' code
     Mat<double> inv_scale;
     norm_forward(NormKind::rms, 1, sum, x, inv_scale);
-    CHECK(result.states.at("rms")[l + 1] ==
+    CHECK(result.states.at(Figure::rms)[l + 1] ==
           doctest::Approx(std::sqrt(x.squaredNorm() / x.size())).epsilon(1e-12));
   }
   CHECK(w > 1.2);  // the recurrence did move the weights: the check above is not vacuous

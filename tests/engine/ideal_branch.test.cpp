@@ -27,8 +27,8 @@ SeedResult ideal_run(std::string_view arch_id, int blocks, int width, Precision 
 TEST_CASE("post-ln: measured skip factor is 1/sqrt(2) per sublayer, up to the norm's 1/d projection") {
   const int width = 64, blocks = 8, sublayers = 16;
   const SeedResult run = ideal_run("post-ln", blocks, width);
-  const auto& skip = run.sublayers.at("skip_gain");
-  const auto& theory = run.sublayers.at("skip_gain_theory");
+  const auto& skip = run.sublayers.at(Figure::skip_gain);
+  const auto& theory = run.sublayers.at(Figure::skip_gain_theory);
   const double closed_form = 1.0 / std::sqrt(2.0);
   for (int l = 0; l < sublayers; ++l) CHECK(theory[l] == doctest::Approx(closed_form).epsilon(1e-15));
   // Below the top, g_{l+1} is orthogonal to x_{l+1} (the norm above removed that direction), so
@@ -48,14 +48,14 @@ TEST_CASE("post-ln: measured skip factor is 1/sqrt(2) per sublayer, up to the no
   CHECK(std::abs(log10_skip_product - (-sublayers / 2.0) * std::log10(2.0)) < 0.1);
   // The full gain also carries the branch: (I + R) scales by sqrt(2) and cancels the norm's 1/sqrt(2).
   for (int l = 1; l < sublayers - 1; ++l)
-    CHECK(run.sublayers.at("gain")[l] == doctest::Approx(1.0).epsilon(1e-5));
+    CHECK(run.sublayers.at(Figure::gain)[l] == doctest::Approx(1.0).epsilon(1e-5));
 }
 
 TEST_CASE("keel: measured skip factor is S/sqrt(S^2+1) beyond its first two sublayers, within 1/d") {
   const int width = 64, blocks = 8, sublayers = 16;
   const SeedResult run = ideal_run("keel", blocks, width);
-  const auto& skip = run.sublayers.at("skip_gain");
-  const auto& theory = run.sublayers.at("skip_gain_theory");
+  const auto& skip = run.sublayers.at(Figure::skip_gain);
+  const auto& theory = run.sublayers.at(Figure::skip_gain_theory);
   const double s = sublayers, closed_form = s / std::sqrt(s * s + 1.0);
   CHECK(theory[0] == doctest::Approx(1.0));                   // v2: first attention is plain pre-ln
   CHECK(theory[1] == doctest::Approx(1.0 / std::sqrt(2.0)));  // v2: first FFN uses a = 1
@@ -75,8 +75,8 @@ TEST_CASE(
   for (const auto& [s, paper] : {std::pair{64, 0.9922}, std::pair{512, 0.99902}}) {
     CAPTURE(s);
     const SeedResult run = ideal_run("keel", s / 2, width);
-    const auto& skip = run.sublayers.at("skip_gain");
-    const auto& theory = run.sublayers.at("skip_gain_theory");
+    const auto& skip = run.sublayers.at(Figure::skip_gain);
+    const auto& theory = run.sublayers.at(Figure::skip_gain_theory);
     const double closed_form = std::pow(1.0 + 1.0 / (double(s) * s), -s / 2.0);  // Keel Eq. 19
     CHECK(closed_form == doctest::Approx(paper).epsilon(1e-4));                  // the paper's digits
     // The first two sublayers are v2's own (checked above); the geometric mean of gradflow's

@@ -37,12 +37,12 @@ struct SeedFigures {
 SeedResult make_seed(std::uint64_t seed, int sublayers, const SeedFigures& f) {
   SeedResult result;
   result.seed = seed;
-  auto& rms = result.states.add("rms", sublayers + 1);
+  auto& rms = result.states.add(Figure::rms, sublayers + 1);
   std::fill(rms.begin(), rms.end(), 1.0);
   rms.back() = f.rms_top;
-  auto& gain = result.sublayers.add("gain", sublayers);
+  auto& gain = result.sublayers.add(Figure::gain, sublayers);
   std::fill(gain.begin(), gain.end(), 1.0);
-  auto& skip = result.sublayers.add("skip_gain", sublayers);
+  auto& skip = result.sublayers.add(Figure::skip_gain, sublayers);
   std::fill(skip.begin(), skip.end(), f.skip_gain);
   result.log10_grad_ratio = f.log10_grad_ratio;
   result.gain_min = f.gain_min;

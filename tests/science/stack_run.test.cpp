@@ -1,6 +1,9 @@
-// The backward pass's recompute stops before the branch's output projection where nothing needs
-// it (post-norm placements): every figure must match a full recompute bit for bit, except the
-// output shares, which come from <dL/dF, F> computed inside the branch instead.
+// The stack run (src/science/stack_run.cpp): its VJP and JVP of sublayer i against each other and
+// against central differences of its forward. The backward pass's recompute stops before the branch's output
+// projection where nothing needs it (post-norm placements): every figure must match a full recompute bit for
+// bit, except the output shares, which come from <dL/dF, F> computed inside the branch instead.
+#include "science/stack_run.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -8,6 +11,7 @@
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/graph.hpp"
+#include "support/finite_difference.hpp"
 
 using namespace gradflow;
 
@@ -43,7 +47,7 @@ TEST_CASE("skipping the branch output in the recompute changes no figure but the
       const SeedResult skipped = analyze_seed(config, arch, constants, 3);
       AnalysisHooks in_full;
       in_full.recompute_in_full = true;
-      const SeedResult full = analyze_seed(config, arch, constants, 3, {}, in_full);
+      const SeedResult full = analyze_seed(config, arch, constants, 3, {}, {}, in_full);
       CAPTURE(arch.id);
       CAPTURE(static_cast<int>(block));
       for (const FigureColumns* columns : {&skipped.states, &skipped.sublayers}) {
@@ -93,4 +97,63 @@ TEST_CASE("which sublayer graphs may skip the branch output") {
   CHECK(build("deepnorm"));
   CHECK_FALSE(build("peri-ln"));  // x <- x + N(F(N(x))): the inner norm needs F's value
   CHECK_FALSE(build("ngpt"));     // the update is not F or s F
+}
+
+namespace {
+ModelConfig small_stack() {
+  ModelConfig config;
+  config.blocks = 2;
+  config.width = 8;
+  config.heads = 2;
+  config.seq = 4;
+  config.precision = Precision::f64;
+  return config;
+}
+
+double dot(const std::vector<Mat<double>>& a, const std::vector<Mat<double>>& b) {
+  double sum = 0;
+  for (std::size_t s = 0; s < a.size(); ++s) sum += a[s].cwiseProduct(b[s]).sum();
+  return sum;
+}
+}  // namespace
+
+TEST_CASE(
+    "StackRun: <u, J_i v> = <J_i^T u, v> at every sublayer and the head, and J_0 v matches differences") {
+  using gradflow::testing::random_matrix;
+  const ModelConfig config = small_stack();
+  for (const char* id : {"pre-ln", "post-ln", "hybridnorm", "ngpt"}) {
+    CAPTURE(id);
+    const Architecture& arch = find_architecture(id);
+    const Constants constants = resolve_constants(arch, config);
+    StackRun<double> run(config, arch, constants, 2, {}, 1);
+    const Mat<double> input = make_input<double>(config, 2);
+    run.start(input);
+    for (int l = 0; l < run.sublayers(); ++l) run.forward(l);
+    for (int i = 0; i <= run.sublayers(); ++i) {
+      CAPTURE(i);
+      std::vector<Mat<double>> v, u, jv, ju;
+      for (std::size_t s = 0; s < run.state(i).size(); ++s) v.push_back(random_matrix(4, 8, 10 + s));
+      run.jvp(i, v, jv);
+      for (std::size_t s = 0; s < jv.size(); ++s) u.push_back(random_matrix(4, 8, 20 + s));
+      run.vjp(i, u, ju);
+      CHECK(dot(u, jv) == doctest::Approx(dot(ju, v)).epsilon(1e-12));
+    }
+    // J_0 v against (x_1(x_0 + h v) - x_1(x_0 - h v)) / 2h, with v the same in every x_0 stream
+    const Mat<double> direction = random_matrix(4, 8, 30);
+    const double h = 1e-6;
+    std::vector<Mat<double>> tangent(run.state(0).size(), direction), analytic;
+    run.jvp(0, tangent, analytic);
+    StackRun<double> shifted(config, arch, constants, 2, {}, 1);
+    shifted.start(input + h * direction);
+    shifted.forward(0);
+    const std::vector<Mat<double>> up = shifted.state(1);
+    shifted.start(input - h * direction);
+    shifted.forward(0);
+    double error = 0, norm = 0;
+    for (std::size_t s = 0; s < analytic.size(); ++s) {
+      error += ((up[s] - shifted.state(1)[s]) / (2 * h) - analytic[s]).squaredNorm();
+      norm += analytic[s].squaredNorm();
+    }
+    CHECK(std::sqrt(error / norm) <= gradflow::testing::kFiniteDifferenceTolerance);
+  }
 }

@@ -50,7 +50,7 @@ TEST_CASE("log10_param_grad equals log10 of the central-difference norm of dL/dW
       }
       CAPTURE(id);
       CAPTURE(l);
-      CHECK(run.sublayers.at("log10_param_grad")[l] ==
+      CHECK(run.sublayers.at(Figure::log10_param_grad)[l] ==
             doctest::Approx(0.5 * std::log10(squared)).epsilon(1e-7));
     }
   }

@@ -30,9 +30,9 @@ TEST_CASE("the 64-probe Frobenius estimate is within 3 standard errors of the ex
     config.probes = 64;
     const Architecture& arch = find_architecture(id);
     const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 0);
-    const auto& estimate = run.states.at("log10_grad");
-    const auto& se = run.states.at("log10_grad_se");
-    const auto& exact = run.states.at("log10_jacobian_fro_exact");
+    const auto& estimate = run.states.at(Figure::log10_grad);
+    const auto& se = run.states.at(Figure::log10_grad_se);
+    const auto& exact = run.states.at(Figure::log10_jacobian_fro_exact);
     for (std::size_t l = 0; l < exact.size(); ++l) {
       CAPTURE(id);
       CAPTURE(l);
@@ -52,10 +52,10 @@ TEST_CASE("--spectrum 4 matches the exact top-4 singular values to 1e-3 relative
       config.spectrum = 4;
       const Architecture& arch = find_architecture(id);
       const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 1);
-      const auto& spectral = run.states.at("log10_jacobian_spectral_exact");
+      const auto& spectral = run.states.at(Figure::log10_jacobian_spectral_exact);
       for (int i = 1; i <= 4; ++i) {
-        const auto& estimate = run.states.at("log10_singular_value_" + std::to_string(i));
-        const auto& exact = run.states.at("log10_singular_value_" + std::to_string(i) + "_exact");
+        const auto& estimate = run.states.at({Figure::log10_singular_value, i});
+        const auto& exact = run.states.at({Figure::log10_singular_value_exact, i});
         for (std::size_t l = 0; l < exact.size(); ++l) {
           CAPTURE(id);
           CAPTURE(to_string(block));
@@ -75,7 +75,7 @@ TEST_CASE("--spectrum's progress reaches its total only when the run is done (is
   config.spectrum = 2;
   const Architecture& arch = find_architecture("keel");
   std::vector<std::pair<long long, long long>> calls;
-  analyze_seed(config, arch, resolve_constants(arch, config), 0,
+  analyze_seed(config, arch, resolve_constants(arch, config), 0, {},
                [&](long long done, long long total) { calls.emplace_back(done, total); });
   const long long sublayers = config.sublayers();
   REQUIRE(!calls.empty());

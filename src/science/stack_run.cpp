@@ -1,0 +1,175 @@
+#include "stack_run.hpp"
+
+namespace gradflow {
+
+namespace {
+// The test-only weight nudge (AnalysisHooks::weight_nudge), applied when it targets this sublayer.
+template <typename Scalar>
+void nudge_weights(const AnalysisHooks& hooks, int sublayer, SublayerWeights<Scalar>& weights) {
+  if (!hooks.weight_nudge || hooks.weight_nudge->sublayer != sublayer) return;
+  const auto& nudge = *hooks.weight_nudge;
+  Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v,
+                             &weights.w_o, &weights.w_1, &weights.w_2};  // WeightMatrix's order
+  matrices[static_cast<int>(nudge.matrix)]->data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
+}
+}  // namespace
+
+// Both cores work on every sublayer: each op splits its work in two fixed shards (shards.hpp),
+// so the thread count changes no number. The caller decides: inside a parallel loop over runs
+// the cores are already busy, and it asks for one.
+template <typename Scalar>
+StackRun<Scalar>::StackRun(const ModelConfig& config, const Architecture& arch, const Constants& constants,
+                           std::uint64_t seed, const AnalysisHooks& hooks, int threads)
+    : config_(config),
+      arch_(arch),
+      constants_(constants),
+      seed_(seed),
+      hooks_(hooks),
+      sublayers_(config.sublayers()),
+      skip_weights_(sublayers_ + 1, 1.0) {
+  if (config_.branch == BranchKind::model && threads >= 2) shards_ = std::make_unique<ShardPair>(true);
+}
+
+template <typename Scalar>
+SublayerContext StackRun<Scalar>::context(int sublayer) const {
+  const bool head = sublayer == sublayers_;
+  return SublayerContext{config_,
+                         constants_,
+                         sublayer,
+                         head ? config_.blocks : config_.block_of(sublayer),
+                         head ? SublayerKind::ffn : config_.sublayer_kind(sublayer),
+                         skip_weights_[sublayer]};
+}
+
+template <typename Scalar>
+BranchContext<Scalar> StackRun<Scalar>::branch_context(const SublayerContext& ctx) const {
+  return BranchContext<Scalar>{ctx.kind, config_.branch, config_.norm, config_.heads, nullptr, shards_.get()};
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::start(const Mat<Scalar>& input) {
+  states_.assign(sublayers_ + 1, {});
+  output_norm_stats_.resize(sublayers_);
+  states_[0].assign(arch_.initial_streams, input);
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::forward(int l) {
+  const auto branch = prepare_sublayer(l, l + 1);
+  executor_.forward(graph_, states_[l], branch);
+  State<Scalar>& next = states_[l + 1];
+  next.resize(graph_.outputs().size());
+  for (std::size_t s = 0; s < next.size(); ++s) next[s] = executor_.value(graph_.outputs()[s]);
+  executor_.output_norm_stats(graph_, output_norm_stats_[l]);  // for the backward's recompute
+}
+
+template <typename Scalar>
+BranchContext<Scalar> StackRun<Scalar>::prepare_sublayer(int l, int next) {
+  ensure_weights(l, next);
+  const SublayerContext ctx = context(l);
+  graph_.reset(static_cast<int>(states_[l].size()));
+  arch_.build_sublayer(graph_, ctx);
+  BranchContext<Scalar> branch = branch_context(ctx);
+  branch.weights = &weight_buffers_[l % 2];
+  return branch;
+}
+
+template <typename Scalar>
+BranchContext<Scalar> StackRun<Scalar>::prepare_head() {
+  const SublayerContext head = context(sublayers_);
+  graph_.reset(static_cast<int>(states_[sublayers_].size()));
+  arch_.build_output(graph_, head);
+  return branch_context(head);
+}
+
+template <typename Scalar>
+BranchContext<Scalar> StackRun<Scalar>::recompute(int i) {
+  const auto branch = i < sublayers_ ? prepare_sublayer(i) : prepare_head();
+  executor_.forward(graph_, states_[i], branch);
+  return branch;
+}
+
+template <typename Scalar>
+BranchContext<Scalar> StackRun<Scalar>::recompute_for_backward(int l, bool in_full) {
+  const auto branch = prepare_sublayer(l, l - 1);
+  if (in_full) {
+    executor_.forward(graph_, states_[l], branch);
+  } else {
+    executor_.recompute(graph_, states_[l], branch,
+                        KnownOutputs<Scalar>{&states_[l + 1], &output_norm_stats_[l]});
+  }
+  return branch;
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::vjp(int i, const State<Scalar>& d_outputs, State<Scalar>& d_inputs) {
+  const auto branch = recompute(i);
+  executor_.backward(graph_, d_outputs, true, branch, d_inputs);
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::jvp(int i, const State<Scalar>& d_inputs, State<Scalar>& d_outputs) {
+  const auto branch = recompute(i);
+  executor_.jvp(graph_, d_inputs, branch, d_outputs);
+}
+
+// Sublayer l's weights live in buffer l % 2. While sublayer l is worked on, the next one's are
+// drawn into the other buffer by whichever core would otherwise wait (WeightDraw as the
+// ShardPair's idle work); with one core they are drawn here when needed. Same values either way.
+template <typename Scalar>
+void StackRun<Scalar>::ensure_weights(int l, int next) {
+  if (config_.branch != BranchKind::model) return;
+  const int buffer = l % 2;
+  if (loaded_[buffer] != l) {
+    if (drawing_[buffer] != l) start_draw(l);
+    draws_[buffer].finish();
+    nudge_weights(hooks_, l, weight_buffers_[buffer]);
+    loaded_[buffer] = l;
+    drawing_[buffer] = -1;
+  }
+  if (next >= 0 && next < sublayers_ && loaded_[next % 2] != next && drawing_[next % 2] != next) {
+    start_draw(next);
+  }
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::start_draw(int l) {
+  const int buffer = l % 2;
+  if (shards_) shards_->clear_idle_work();  // the second core lets go of the old draw first
+  loaded_[buffer] = -1;
+  drawing_[buffer] = l;
+  draws_[buffer].plan(config_, arch_, context(l), seed_, weight_buffers_[buffer]);
+  if (shards_) shards_->set_idle_work(&draws_[buffer]);
+}
+
+template <typename Scalar>
+Eigen::MatrixXd StackRun<Scalar>::flatten(const State<Scalar>& block, Eigen::Index columns) const {
+  const Eigen::Index per = entries_per_stream();
+  Eigen::MatrixXd out(static_cast<Eigen::Index>(block.size()) * per, columns);
+  for (std::size_t s = 0; s < block.size(); ++s) {
+    for (Eigen::Index j = 0; j < columns; ++j) {
+      out.block(static_cast<Eigen::Index>(s) * per, j, per, 1) =
+          Eigen::Map<const Vec<Scalar>>(block[s].data() + j * per, per).template cast<double>();
+    }
+  }
+  return out;
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::unflatten(const Eigen::MatrixXd& columns, std::size_t streams,
+                                 State<Scalar>& block) const {
+  const Eigen::Index per = entries_per_stream(), count = columns.cols();
+  block.resize(streams);
+  for (std::size_t s = 0; s < streams; ++s) {
+    block[s].resize(count * config_.seq, config_.width);
+    for (Eigen::Index j = 0; j < count; ++j) {
+      Eigen::Map<Vec<Scalar>>(block[s].data() + j * per, per) =
+          columns.block(static_cast<Eigen::Index>(s) * per, j, per, 1).template cast<Scalar>();
+    }
+  }
+}
+
+template class StackRun<float>;
+template class StackRun<double>;
+
+}  // namespace gradflow

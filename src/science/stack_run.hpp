@@ -1,0 +1,102 @@
+// One seed's stack with its stored states: the per-sublayer states x_0..x_S (weights regenerated
+// from the seed when needed, never stored) and the operations every figure module is built on:
+// forward, recompute, VJP and JVP of sublayer i (i == S: the output head). With two threads every
+// op runs as two fixed shards (shards.hpp) and the next sublayer's weights are drawn by whichever
+// core would otherwise wait; neither changes a number.
+#pragma once
+#include <Eigen/Core>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gradflow/analysis.hpp"
+#include "gradflow/graph.hpp"
+#include "gradflow/initialization.hpp"
+#include "gradflow/shards.hpp"
+
+namespace gradflow {
+
+template <typename Scalar>
+using State = std::vector<Mat<Scalar>>;  // one (T, d) matrix per stream (K*T or P*T rows when stacked)
+
+template <typename Scalar>
+class StackRun {
+ public:
+  // threads: 2 runs every op as two shards on two cores (a model branch only), 1 on this thread.
+  StackRun(const ModelConfig& config, const Architecture& arch, const Constants& constants,
+           std::uint64_t seed, const AnalysisHooks& hooks, int threads);
+
+  const ModelConfig& config() const { return config_; }
+  const Architecture& arch() const { return arch_; }
+  std::uint64_t seed() const { return seed_; }
+  const AnalysisHooks& hooks() const { return hooks_; }
+  int sublayers() const { return sublayers_; }
+  SublayerContext context(int sublayer) const;
+  double skip_weight(int sublayer) const { return skip_weights_[sublayer]; }
+  void set_skip_weight(int sublayer, double weight) { skip_weights_[sublayer] = weight; }
+  ShardPair* shards() const { return shards_.get(); }
+  void release_shards() { shards_.reset(); }
+
+  // The stored states: x_0 set by start(), x_{l+1} by forward(l).
+  const std::vector<State<Scalar>>& states() const { return states_; }
+  const State<Scalar>& state(int l) const { return states_[l]; }
+  void start(const Mat<Scalar>& input);
+  // Sublayer l forward from the stored x_l; stores x_{l+1} and its output norms' statistics, and
+  // starts drawing sublayer l+1's weights. graph() and executor() then hold sublayer l's values.
+  void forward(int l);
+
+  // Builds sublayer l's graph with its weights, and starts drawing sublayer `next`'s weights
+  // (the one the pass needs after l) into the other buffer.
+  BranchContext<Scalar> prepare_sublayer(int l, int next = -1);
+  // The output head's graph (i == S), built on the final state.
+  BranchContext<Scalar> prepare_head();
+  // Recomputes sublayer i's activations from its stored input (i == S: the output head).
+  BranchContext<Scalar> recompute(int i);
+  // The backward pass's recompute of sublayer l: post-norm placements stop before the branch's
+  // output projection, since the stored x_{l+1} and its norm statistics are known; in full when
+  // `in_full` (or the branch output is needed otherwise).
+  BranchContext<Scalar> recompute_for_backward(int l, bool in_full);
+  // Vector-Jacobian product of sublayer i (recomputed first): cotangents of x_{i+1} (of y for
+  // i == S) to cotangents of x_i.
+  void vjp(int i, const State<Scalar>& d_outputs, State<Scalar>& d_inputs);
+  // Jacobian-vector product of sublayer i (recomputed first): tangents of x_i to those of x_{i+1}.
+  void jvp(int i, const State<Scalar>& d_inputs, State<Scalar>& d_outputs);
+
+  const SublayerGraph& graph() const { return graph_; }
+  GraphExecutor<Scalar>& executor() { return executor_; }
+  const GraphExecutor<Scalar>& executor() const { return executor_; }
+
+  // Blocks of P columns are stacked like probes, P blocks of T rows per stream; flatten turns
+  // them into (n, P) matrices with n = streams * T * d, unflatten back.
+  Eigen::Index entries_per_stream() const { return static_cast<Eigen::Index>(config_.seq) * config_.width; }
+  Eigen::MatrixXd flatten(const State<Scalar>& block, Eigen::Index columns) const;
+  void unflatten(const Eigen::MatrixXd& columns, std::size_t streams, State<Scalar>& block) const;
+
+ private:
+  BranchContext<Scalar> branch_context(const SublayerContext& ctx) const;
+  void ensure_weights(int l, int next);
+  void start_draw(int l);
+
+  const ModelConfig& config_;
+  const Architecture& arch_;
+  const Constants& constants_;
+  const std::uint64_t seed_;
+  const AnalysisHooks hooks_;  // a copy: callers may pass a temporary
+  const int sublayers_;
+  std::vector<double> skip_weights_;
+
+  std::vector<State<Scalar>> states_;
+  std::vector<State<Scalar>> output_norm_stats_;  // per sublayer: its output norms' statistics
+  SublayerGraph graph_;
+  GraphExecutor<Scalar> executor_;
+  SublayerWeights<Scalar> weight_buffers_[2];
+  int loaded_[2] = {-1, -1};   // which sublayer's weights each buffer holds, complete
+  int drawing_[2] = {-1, -1};  // which sublayer's weights each buffer is being drawn for
+  WeightDraw<Scalar> draws_[2];
+  std::unique_ptr<ShardPair> shards_;  // null: one core
+};
+
+extern template class StackRun<float>;
+extern template class StackRun<double>;
+
+}  // namespace gradflow

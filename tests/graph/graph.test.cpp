@@ -1,0 +1,155 @@
+// SublayerGraph and GraphExecutor (src/graph.cpp) on tiny hand-built recipes: forward against
+// hand-computed values, the VJP and the JVP against central differences, the skip-path cut, and
+// the recompute that skips the branch output against the full forward.
+#include "gradflow/graph.hpp"
+
+#include <doctest/doctest.h>
+
+#include "gradflow/architecture.hpp"
+#include "gradflow/initialization.hpp"
+#include "support/finite_difference.hpp"
+
+using namespace gradflow;
+using namespace gradflow::testing;
+
+namespace {
+ModelConfig tiny_config() {
+  ModelConfig config;
+  config.blocks = 1;
+  config.width = 8;
+  config.heads = 2;
+  config.seq = 5;
+  config.precision = Precision::f64;
+  return config;
+}
+
+// The recipes under test, one input stream and one output: pre-norm y = x + 0.5 F(N(x)),
+// post-norm y = N(x + F(x)), and a branch-free y = unit(2 x + x).
+enum class Recipe { pre_norm, post_norm, no_branch };
+
+void build(SublayerGraph& graph, Recipe recipe) {
+  graph.reset(1);
+  const Value x = graph.input(0);
+  if (recipe == Recipe::pre_norm) {
+    const Value update = graph.scale(graph.branch(graph.norm(x)), 0.5);
+    const Value sum = graph.add(x, update);
+    graph.mark_update(update, sum);
+    graph.set_outputs({sum});
+  } else if (recipe == Recipe::post_norm) {
+    const Value update = graph.branch(x);
+    const Value sum = graph.add(x, update);
+    graph.mark_update(update, sum);
+    graph.set_outputs({graph.norm(sum)});
+  } else {
+    const Value sum = graph.add(graph.scale(x, 2.0), x);
+    graph.mark_update(sum, sum);
+    graph.set_outputs({graph.unit(sum)});
+  }
+}
+
+struct Fixture {
+  ModelConfig config = tiny_config();
+  Constants constants;
+  SublayerWeights<double> weights;
+  BranchContext<double> context;
+  explicit Fixture(SublayerKind kind) {
+    const Architecture& arch = find_architecture("pre-ln");
+    const SublayerContext ctx{config, constants, 0, 0, kind, 1.0};
+    generate_weights(config, arch, ctx, 3, weights);
+    context = BranchContext<double>{kind, BranchKind::model, NormKind::rms, config.heads, &weights, nullptr};
+  }
+};
+
+MatD forward(const Fixture& f, Recipe recipe, const MatD& x) {
+  SublayerGraph graph;
+  build(graph, recipe);
+  GraphExecutor<double> executor;
+  executor.forward(graph, {x}, f.context);
+  return executor.value(graph.outputs().front());
+}
+}  // namespace
+
+TEST_CASE("a branch-free recipe's forward is unit(3 x) per token") {
+  const Fixture f(SublayerKind::ffn);
+  const MatD x = random_matrix(5, 8, 1);
+  const MatD y = forward(f, Recipe::no_branch, x);
+  for (Eigen::Index t = 0; t < x.rows(); ++t) {
+    const Eigen::RowVectorXd expected = x.row(t) / x.row(t).norm();
+    CHECK((y.row(t) - expected).norm() < 1e-14);
+  }
+}
+
+TEST_CASE("GraphExecutor's VJP and JVP match central differences for pre- and post-norm recipes") {
+  for (const SublayerKind kind : {SublayerKind::ffn, SublayerKind::attn}) {
+    const Fixture f(kind);
+    for (const Recipe recipe : {Recipe::pre_norm, Recipe::post_norm, Recipe::no_branch}) {
+      CAPTURE(static_cast<int>(kind));
+      CAPTURE(static_cast<int>(recipe));
+      const MatD x = random_matrix(5, 8, 2);
+      const auto run = [&](const MatD& in) { return forward(f, recipe, in); };
+      const auto vjp = [&](const MatD& in, const MatD& dy) {
+        SublayerGraph graph;
+        build(graph, recipe);
+        GraphExecutor<double> executor;
+        executor.forward(graph, {in}, f.context);
+        std::vector<MatD> dx;
+        executor.backward(graph, {dy}, true, f.context, dx);
+        return dx.front();
+      };
+      const auto jvp = [&](const MatD& in, const MatD& dx) {
+        SublayerGraph graph;
+        build(graph, recipe);
+        GraphExecutor<double> executor;
+        executor.forward(graph, {in}, f.context);
+        std::vector<MatD> dy;
+        executor.jvp(graph, {dx}, f.context, dy);
+        return dy.front();
+      };
+      CHECK(backward_relative_error(x, run, vjp) <= kFiniteDifferenceTolerance);
+      CHECK(jvp_relative_error(x, run, jvp) <= kFiniteDifferenceTolerance);
+    }
+  }
+}
+
+TEST_CASE("cutting the branch leaves the skip path: the pre-norm recipe's VJP is then the identity") {
+  const Fixture f(SublayerKind::ffn);
+  SublayerGraph graph;
+  build(graph, Recipe::pre_norm);
+  GraphExecutor<double> executor;
+  executor.forward(graph, {random_matrix(5, 8, 4)}, f.context);
+  const MatD dy = random_matrix(10, 8, 5);  // two probes
+  std::vector<MatD> skip, full;
+  executor.backward(graph, {dy}, false, f.context, skip);
+  CHECK(skip.front() == dy);
+  executor.backward(graph, {dy}, true, f.context, full);
+  CHECK((full.front() - dy).norm() > 1e-3);  // the branch does contribute
+}
+
+TEST_CASE("the post-norm recompute skips the branch output and gives the forward's gradient") {
+  const Fixture f(SublayerKind::ffn);
+  SublayerGraph graph;
+  build(graph, Recipe::post_norm);
+  CHECK(recompute_can_skip_branch_output(graph));
+  SublayerGraph normed_update;  // N(F(x)): a norm after the branch that is not an output
+  normed_update.reset(1);
+  const Value update = normed_update.norm(normed_update.branch(normed_update.input(0)));
+  const Value sum = normed_update.add(normed_update.input(0), update);
+  normed_update.mark_update(update, sum);
+  normed_update.set_outputs({sum});
+  CHECK_FALSE(recompute_can_skip_branch_output(normed_update));
+
+  const MatD x = random_matrix(5, 8, 6), dy = random_matrix(5, 8, 7);
+  GraphExecutor<double> full, skipping;
+  full.forward(graph, {x}, f.context);
+  std::vector<MatD> outputs{full.value(graph.outputs().front())}, stats;
+  full.output_norm_stats(graph, stats);
+  skipping.recompute(graph, {x}, f.context, KnownOutputs<double>{&outputs, &stats});
+  CHECK(skipping.skipped_branch_output());
+  std::vector<MatD> d_full, d_skipping;
+  full.backward(graph, {dy}, true, f.context, d_full);
+  skipping.backward(graph, {dy}, true, f.context, d_skipping);
+  CHECK((d_full.front() - d_skipping.front()).norm() <= 1e-12 * d_full.front().norm());
+  // <dL/dF, F> from the branch's backward equals the full forward's inner product.
+  const double dot = full.cotangent(graph.update_id()).cwiseProduct(full.value(graph.update_id())).sum();
+  CHECK(skipping.branch_output_dots().front() == doctest::Approx(dot).epsilon(1e-12));
+}
