@@ -1,11 +1,8 @@
-// The engine's entry points: one seed's analysis is its forward pass
-// (src/science/forward.cpp) and then the families of figures of
-// src/science/families.cpp, in that table's order, all reading the seed's
-// stored states (src/science/stack_run.hpp); also the tensors a run uses
-// (--export-weights).
+// The engine's entry points: one seed's analysis is its forward pass (src/science/forward.cpp) and
+// then the families of figures of src/science/families.cpp, in that table's order, all reading the
+// seed's stored states (src/science/stack_run.hpp); also the tensors a run uses (--export-weights).
 #include <fmt/format.h>
 
-#include <Eigen/SVD>
 #include <chrono>
 
 #include "gradflow/analysis.hpp"
@@ -16,8 +13,7 @@
 namespace gradflow {
 
 namespace {
-// Every column this configuration reports, NaN until computed; the sublayers'
-// kinds and blocks.
+// Every column this configuration reports, NaN until computed; the sublayers' kinds and blocks.
 SeedResult empty_result(const ModelConfig& config, const Architecture& arch, std::uint64_t seed) {
   const std::size_t states = config.sublayers() + 1, subs = config.sublayers();
   SeedResult result;
@@ -37,44 +33,9 @@ SeedResult empty_result(const ModelConfig& config, const Architecture& arch, std
   return result;
 }
 
-// --exact-jacobian: J_{l->out}^T for every output coordinate at once (m = T d
-// one-hot cotangents), one backward sweep; exact Frobenius and spectral norms
-// per state. A common scale per state, accumulated in log, keeps deep products
-// finite.
-template <typename Scalar>
-void compute_exact_jacobian(SeedAnalysis<Scalar>& analysis) {
-  StackRun<Scalar>& run = analysis.run;
-  const ModelConfig& config = run.config();
-  const Eigen::Index outputs = run.entries_per_stream();
-  State<Scalar> cotangent(1, Mat<Scalar>::Zero(outputs * config.seq, config.width));
-  for (Eigen::Index c = 0; c < outputs; ++c)
-    cotangent[0](c * config.seq + c / config.width, c % config.width) = 1;
-  FigureColumns& states = analysis.result.states;
-  auto& fro = states.at(Figure::log10_jacobian_fro_exact);
-  auto& spectral = states.at(Figure::log10_jacobian_spectral_exact);
-  double log_scale = 0;
-  State<Scalar> next;
-  for (int l = run.sublayers(); l >= 0; --l) {
-    run.vjp(l, cotangent, next);
-    const Eigen::MatrixXd transposed = run.flatten(next, outputs);  // (n_l, m): J_{l->out}^T / exp(log_scale)
-    const double norm = transposed.norm();
-    fro[l] = (log_scale + std::log(norm)) / kLn10;
-    const Eigen::VectorXd singular = Eigen::BDCSVD<Eigen::MatrixXd>(transposed).singularValues();
-    spectral[l] = (log_scale + std::log(singular[0])) / kLn10;
-    for (int i = 0; i < config.spectrum && i < singular.size(); ++i) {
-      states.at({Figure::log10_singular_value_exact, i + 1})[l] = (log_scale + std::log(singular[i])) / kLn10;
-    }
-    if (!(norm > 0) || !std::isfinite(norm)) return;
-    for (auto& stream : next) stream *= static_cast<Scalar>(1.0 / norm);
-    log_scale += std::log(norm);
-    std::swap(cotangent, next);
-  }
-}
-
-// One seed: the forward pass from `input` (the seed's own when null), then
-// every family of figures that applies. Admin's profiled w is part of the init:
-// it is profiled on the seed's own input and held fixed for a replacement input
-// (finite differences perturb x_0, not the init).
+// One seed: the forward pass from `input` (the seed's own when null), then every family of figures
+// that applies. Admin's profiled w is part of the init: it is profiled on the seed's own input and
+// held fixed for a replacement input (finite differences perturb x_0, not the init).
 template <typename Scalar>
 void analyze(SeedAnalysis<Scalar>& analysis, const Mat<Scalar>* input) {
   const auto start = std::chrono::steady_clock::now();
@@ -89,8 +50,6 @@ void analyze(SeedAnalysis<Scalar>& analysis, const Mat<Scalar>* input) {
   for (const FigureFamily<Scalar>& family : figure_families<Scalar>()) {
     if (family.applies(analysis)) family.compute(analysis);
   }
-  // The exact Jacobian still runs here, outside the table of families.
-  if (analysis.complete() && analysis.run.config().exact_jacobian) compute_exact_jacobian(analysis);
   analysis.run.release_shards();
   analysis.result.seconds = seconds_since(start);
 }
@@ -167,8 +126,7 @@ InputGradient loss_and_input_gradient(const ModelConfig& config, const Architect
   analyze(analysis, &row_major_input);
   if (analysis.result.diverged)
     throw std::runtime_error("loss_and_input_gradient: " + analysis.result.diverged->reason);
-  // The true gradient: probe 0's renormalised dL/dx_0, summed over the streams,
-  // times its scale.
+  // The true gradient: probe 0's renormalised dL/dx_0, summed over the streams, times its scale.
   Mat<double> gradient = Mat<double>::Zero(f64.seq, f64.width);
   for (const auto& stream : analysis.probes.gradient) gradient += stream.topRows(f64.seq);
   return {analysis.probes.loss, gradient * std::exp(analysis.probes.log_scale[0])};

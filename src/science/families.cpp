@@ -12,6 +12,8 @@ void compute_angles_matrix(SeedAnalysis<Scalar>&);
 template <typename Scalar>
 void compute_probe_backward(SeedAnalysis<Scalar>&);
 template <typename Scalar>
+void compute_exact_jacobian(SeedAnalysis<Scalar>&);
+template <typename Scalar>
 void compute_spectrum(SeedAnalysis<Scalar>&);
 template <typename Scalar>
 void compute_output_shares(SeedAnalysis<Scalar>&);
@@ -32,6 +34,10 @@ bool angles_all(const SeedAnalysis<Scalar>& a) {
   return a.forward_complete() && a.run.config().angles_all;
 }
 template <typename Scalar>
+bool exact_jacobian(const SeedAnalysis<Scalar>& a) {
+  return a.complete() && a.run.config().exact_jacobian;
+}
+template <typename Scalar>
 bool spectrum(const SeedAnalysis<Scalar>& a) {
   return a.complete() && a.run.config().spectrum > 0;
 }
@@ -45,6 +51,7 @@ std::span<const FigureFamily<Scalar>> figure_families() {
       {"angles matrix", angles_all<Scalar>, compute_angles_matrix<Scalar>},
       // log10_grad (+ _se, per stream), gain, skip_gain, branch_gain; records the contributions
       {"probe backward", forward_complete<Scalar>, compute_probe_backward<Scalar>},
+      {"exact jacobian", exact_jacobian<Scalar>, compute_exact_jacobian<Scalar>},
       {"spectrum", spectrum<Scalar>, compute_spectrum<Scalar>},
       // output_share, output_share_se, effective_depth
       {"output shares", always<Scalar>, compute_output_shares<Scalar>},
