@@ -187,14 +187,10 @@ struct FigureComparer {
   }
 };
 
-constexpr const char* kConfigFields[] = {"blocks", "sublayers",  "block",       "width",     "heads",
-                                         "seq",    "norm",       "init",        "precision", "branch",
-                                         "probes", "input_corr", "keel_variant"};
-
 // Records a mismatch and returns false when the two runs measure different configurations.
 bool same_config(const json& result_config, const json& baseline_config, const std::string& arch,
                  Comparison& comparison) {
-  for (const char* field : kConfigFields) {
+  for (const std::string& field : compared_config_keys()) {
     const json a = baseline_config.value(field, json()), b = result_config.value(field, json());
     if (a != b) {
       comparison.mismatches.push_back({arch, field, b, a});

@@ -22,7 +22,7 @@ constexpr double kEstimateAbove = 60.0;
 
 struct AnalyzeOptions {
   ModelOptions model;
-  std::string arch = "keel";
+  std::string arch{kDefaultPlacement};
   std::uint64_t seed = 0;
   int seeds = 0;  // 0: just --seed
   int threads = 0;
@@ -98,8 +98,7 @@ int run_analyze(const AnalyzeOptions& options) {
   model.angles_all = options.angles == "all";
   validate(model);
   const auto archs = parse_architecture_list(options.arch);
-  check_alpha_applies(model, archs, options.arch);
-  warn_unused_placement_options(options.model, archs);
+  check_options_apply(model, archs, options.arch);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (options.threads_flag && options.threads_flag->count() > 0 &&
       (options.threads < 1 || options.threads > kMaxThreads)) {

@@ -11,6 +11,7 @@
 #include "commands.hpp"
 #include "gradflow/check.hpp"
 #include "gradflow/errors.hpp"
+#include "gradflow/report.hpp"
 
 namespace gradflow::cli {
 
@@ -29,25 +30,6 @@ std::string shown(const json& value) {
   if (value.is_string()) return value.get<std::string>();
   if (value.is_number_float()) return fmt::format("{:.6g}", value.get<double>());
   return value.dump();
-}
-
-// The analyze flag that sets a configuration field, for advice on a mismatch.
-std::string flag_of(const std::string& field) {
-  static const std::map<std::string, std::string> flags = {{"blocks", "--depth"},
-                                                           {"sublayers", "--depth/--block"},
-                                                           {"block", "--block"},
-                                                           {"width", "--width"},
-                                                           {"heads", "--heads"},
-                                                           {"seq", "--seq"},
-                                                           {"norm", "--norm"},
-                                                           {"init", "--init"},
-                                                           {"precision", "--precision"},
-                                                           {"branch", "--ideal-branch"},
-                                                           {"probes", "--probes"},
-                                                           {"input_corr", "--input-corr"},
-                                                           {"keel_variant", "--keel-variant"}};
-  const auto found = flags.find(field);
-  return found == flags.end() ? field : found->second;
 }
 
 // The runs of a document, "arch seed N" (or "arch B.. d.. seed N" for sweeps), for the report.
@@ -79,7 +61,7 @@ std::string mismatch_advice(const Comparison& comparison) {
   return fmt::format(
       "if the result's {} was not meant to change, rerun it with the baseline's ({} {}); if the change was "
       "intended, review its figures first, then regenerate the baseline with the result's command",
-      m.field, flag_of(m.field), shown(m.baseline_value));
+      m.field, config_flag(m.field), shown(m.baseline_value));
 }
 
 std::string nothing_compared_advice(const json& result, const json& baseline) {
@@ -104,7 +86,7 @@ std::string markdown_report(const CheckOptions& options, const Tolerances& toler
         "These runs were not compared (exit 2):\n\n| placement | field | result | baseline "
         "|\n|---|---|---|---|\n");
     for (const ConfigMismatch& m : comparison.mismatches) {
-      out += fmt::format("| {} | {} (`{}`) | {} | {} |\n", m.placement, m.field, flag_of(m.field),
+      out += fmt::format("| {} | {} (`{}`) | {} | {} |\n", m.placement, m.field, config_flag(m.field),
                          shown(m.result_value), shown(m.baseline_value));
     }
     out += fmt::format("\nWhat to do: {}.\n\n", mismatch_advice(comparison));
@@ -184,7 +166,7 @@ json json_report(const CheckOptions& options, const Comparison& comparison,
   for (const ConfigMismatch& m : comparison.mismatches) {
     mismatches.push_back({{"placement", m.placement},
                           {"field", m.field},
-                          {"flag", flag_of(m.field)},
+                          {"flag", config_flag(m.field)},
                           {"result", m.result_value},
                           {"baseline", m.baseline_value}});
   }

@@ -119,8 +119,7 @@ int run_sweep(const SweepOptions& options) {
       validate(cell);
     }
   }
-  check_alpha_applies(model, archs, options.arch);
-  warn_unused_placement_options(options.model, archs);
+  check_options_apply(model, archs, options.arch);
   ModelConfig largest = model;
   largest.blocks = *std::max_element(grid.depths.begin(), grid.depths.end());
   largest.width = *std::max_element(grid.widths.begin(), grid.widths.end());
