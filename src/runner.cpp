@@ -21,7 +21,8 @@ namespace {
 void run_one(const RunRequest& request, std::size_t index, const ProgressCallback& progress,
              const RunFinished& finished) {
   const auto start = std::chrono::steady_clock::now();
-  SeedResult result = analyze_seed(*request.config, *request.arch, *request.constants, request.seed, progress);
+  SeedResult result =
+      analyze_seed(*request.config, *request.arch, *request.constants, request.seed, progress);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   finished(index, std::move(result), seconds);
 }

@@ -43,11 +43,12 @@ struct PlacementOption {
   // placement (a paper's constant); then `default_text` says so, in --help and in a sweep's model.
   std::optional<OptionValue> default_value;
   std::string_view default_text;
-  std::vector<std::string_view> choices;      // the values of a word option; empty: a number option
-  void (*check_number)(double) = nullptr;     // a number's rule: throws InputError naming value and fix
+  std::vector<std::string_view> choices;   // the values of a word option; empty: a number option
+  void (*check_number)(double) = nullptr;  // a number's rule: throws InputError naming value and fix
   UnusedOption when_unused = UnusedOption::warn;
-  std::string_view sets;       // what it sets, for the refusal: "the skip weight" (refuse only)
-  bool in_run_config = false;  // also in each run's "config" (and compared by `check`); else in constants only
+  std::string_view sets;  // what it sets, for the refusal: "the skip weight" (refuse only)
+  bool in_run_config =
+      false;  // also in each run's "config" (and compared by `check`); else in constants only
   bool in_sweep_model = false;  // in a sweep manifest's "model" (so a resumed sweep must agree on it)
   bool is_word() const { return !choices.empty(); }
   std::string shown_default() const;  // default_value as text, else default_text ("0.25", "paper's constant")
@@ -76,8 +77,8 @@ struct Architecture {
   std::string_view provisional_note;
   // Stream names; a state has the first few of them (most placements: one stream "x").
   std::vector<std::string_view> streams = {"x"};
-  int initial_streams = 1;            // streams of x_0 (each a copy of the input)
-  bool profiles_skip_weight = false;  // Admin: w_{l+1}^2 = w_l^2 Var[x_l] + Var[F_l], forward pass
+  int initial_streams = 1;               // streams of x_0 (each a copy of the input)
+  bool profiles_skip_weight = false;     // Admin: w_{l+1}^2 = w_l^2 Var[x_l] + Var[F_l], forward pass
   std::vector<PlacementOption> options;  // its settings (--alpha, --mix-ratio, ...)
   // x <- x + update with nothing else touching the stream, so x_S = x_0 + sum_l update_l exactly:
   // enables the exact stream decomposition (stream_decomposition, metrics.md).

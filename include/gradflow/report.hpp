@@ -46,7 +46,8 @@ const std::vector<ConfigField>& config_fields();
 // Every field of config_fields() for one run, in order.
 nlohmann::ordered_json run_config_fields(const ModelConfig& config);
 // Appends to a run's config the placement's options marked in_run_config, then norm constants (dyt_alpha).
-void add_run_config_options(nlohmann::ordered_json& config, const Architecture& arch, const ModelConfig& model);
+void add_run_config_options(nlohmann::ordered_json& config, const Architecture& arch,
+                            const ModelConfig& model);
 // The keys whose difference makes two runs incomparable: compared fields, then in_run_config options.
 std::vector<std::string> compared_config_keys();
 // The flag that sets a config key or placement option, for advice; the key itself when none does.

@@ -49,10 +49,10 @@ void run_analysis(std::vector<ArchResult>& results, const RunnerOptions& options
 // ---- sweep: one run per cell, each written to its own file, resumable
 struct CellPlan {
   SweepCell cell;
-  ArchResult run;            // the cell's configuration; its one seed slot is filled when it runs
+  ArchResult run;              // the cell's configuration; its one seed slot is filled when it runs
   std::filesystem::path path;  // its cell file
-  bool exists = false;       // a file is there already
-  std::string stale_reason;  // why that file cannot be reused; "" when it is complete
+  bool exists = false;         // a file is there already
+  std::string stale_reason;    // why that file cannot be reused; "" when it is complete
   bool complete() const { return exists && stale_reason.empty(); }
 };
 // The cells' runs and whether each one's file (in `cells_directory`) is already a complete result

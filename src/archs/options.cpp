@@ -79,7 +79,8 @@ PlacementOption skip_weight_option() {
   PlacementOption option;
   option.key = "alpha";
   option.flag = "--alpha";
-  option.help = "Override the skip weight a of deepnorm, deepnorm-glm or keel (default: the paper's constant)";
+  option.help =
+      "Override the skip weight a of deepnorm, deepnorm-glm or keel (default: the paper's constant)";
   option.default_text = "paper's constant";
   // Written as !(inside) so that NaN, which compares false with everything, is refused too.
   option.check_number = [](double alpha) {

@@ -28,7 +28,8 @@ Architecture rezero() {
   branch_weight.default_value = kInitialAlpha;
   branch_weight.check_number = [](double a) {
     if (!std::isfinite(a))
-      throw InputError(fmt::format("--rezero-alpha {} must be finite; omit it for rezero's a = 0 at init", a));
+      throw InputError(
+          fmt::format("--rezero-alpha {} must be finite; omit it for rezero's a = 0 at init", a));
   };
   arch.options = {branch_weight};
   arch.constants = [](const ModelConfig& config) -> Constants {

@@ -214,9 +214,8 @@ int run_analyze(const AnalyzeOptions& options) {
   report.results = plan_analysis(model, archs, seed_list(options));
   ProgressBar progress(!options.quiet && stderr_is_terminal(),
                        fmt::format("gradflow analyze ({} run(s))", jobs));
-  run_analysis(report.results, {concurrent, threads, [&](long long done, long long total) {
-                                  progress.update(done, total);
-                                }});
+  run_analysis(report.results,
+               {concurrent, threads, [&](long long done, long long total) { progress.update(done, total); }});
   report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   progress.finish();  // clear the bar before warnings and output share the terminal
 

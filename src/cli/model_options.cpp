@@ -67,25 +67,26 @@ void check_options_apply(const ModelConfig& model, const std::vector<const Archi
   for (const PlacementOption* option : placement_options()) {
     const auto given = model.options.find(option->key);
     if (given == model.options.end() || option->when_unused == UnusedOption::ignore) continue;
-    const bool applies = std::any_of(archs.begin(), archs.end(),
-                                     [&](const Architecture* arch) { return declares_option(*arch, option->key); });
+    const bool applies = std::any_of(archs.begin(), archs.end(), [&](const Architecture* arch) {
+      return declares_option(*arch, option->key);
+    });
     const std::vector<std::string_view> owners = placements_declaring(option->key);
     if (option->when_unused == UnusedOption::warn) {
       if (!applies) {
-        fmt::print(stderr, "gradflow: warning: {} applies to {} only; ignored (add {} to --arch)\n", option->flag,
-                   fmt::join(owners, ", "), fmt::join(owners, ", "));
+        fmt::print(stderr, "gradflow: warning: {} applies to {} only; ignored (add {} to --arch)\n",
+                   option->flag, fmt::join(owners, ", "), fmt::join(owners, ", "));
       }
       continue;
     }
     if (!applies) {
-      const std::string value =
-          std::visit([](const auto& v) { return fmt::format("{}", v); }, given->second);
-      throw InputError(fmt::format("{} {} does not apply to {}; it sets {} of {}", option->flag, value, arch_list,
-                                   option->sets, fmt::join(owners, ", ")));
+      const std::string value = std::visit([](const auto& v) { return fmt::format("{}", v); }, given->second);
+      throw InputError(fmt::format("{} {} does not apply to {}; it sets {} of {}", option->flag, value,
+                                   arch_list, option->sets, fmt::join(owners, ", ")));
     }
     for (const Architecture* arch : archs) {
       if (!declares_option(*arch, option->key))
-        fmt::print(stderr, "gradflow: warning: {} does not apply to {}; ignored there\n", option->flag, arch->id);
+        fmt::print(stderr, "gradflow: warning: {} does not apply to {}; ignored there\n", option->flag,
+                   arch->id);
     }
   }
 }

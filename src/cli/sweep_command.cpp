@@ -115,7 +115,8 @@ std::vector<CellPlan> pending_cells(const SweepOptions& options, const ModelConf
       continue;
     }
     if (plan.exists)
-      fmt::print(stderr, "gradflow sweep: recomputing {}: {}\n", cell_file_name(plan.cell), plan.stale_reason);
+      fmt::print(stderr, "gradflow sweep: recomputing {}: {}\n", cell_file_name(plan.cell),
+                 plan.stale_reason);
     pending.push_back(std::move(plan));
   }
   return pending;

@@ -24,14 +24,15 @@ const std::vector<ConfigField>& config_fields() {
       {"init", "--init", [](const ModelConfig& c) { return json(to_string(c.init)); }, true, true},
       {"precision", "--precision", [](const ModelConfig& c) { return json(to_string(c.precision)); }, true,
        true},
-      {"branch", "--ideal-branch", [](const ModelConfig& c) { return json(to_string(c.branch)); }, true, true},
+      {"branch", "--ideal-branch", [](const ModelConfig& c) { return json(to_string(c.branch)); }, true,
+       true},
       {"probes", "--probes", [](const ModelConfig& c) { return json(c.probes); }, true, true},
       {"input_corr", "--input-corr", [](const ModelConfig& c) { return json(c.input_corr); }, true, true},
       {"angles", "--angles", [](const ModelConfig& c) { return json(c.angles_all ? "all" : "consecutive"); },
        false, false},
       {"spectrum", "--spectrum", [](const ModelConfig& c) { return json(c.spectrum); }, false, false},
-      {"exact_jacobian", "--exact-jacobian", [](const ModelConfig& c) { return json(c.exact_jacobian); }, false,
-       false},
+      {"exact_jacobian", "--exact-jacobian", [](const ModelConfig& c) { return json(c.exact_jacobian); },
+       false, false},
   };
   return fields;
 }

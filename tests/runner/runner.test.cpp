@@ -1,15 +1,16 @@
 // The library runner: the same results on any number of threads, progress that reaches its total,
 // and the resume check of a sweep's cell files.
+#include "gradflow/runner.hpp"
+
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <stdexcept>
-#include <unistd.h>
 
 #include "gradflow/report.hpp"
-#include "gradflow/runner.hpp"
 
 using namespace gradflow;
 
@@ -54,13 +55,14 @@ TEST_CASE("run_all reports progress up to the total work of every run and hands 
   const ModelConfig config = tiny_config();
   const Architecture& arch = find_architecture("post-ln");
   const Constants constants = resolve_constants(arch, config);
-  const std::vector<RunRequest> runs = {{&config, &arch, &constants, 0}, {&config, &arch, &constants, 1},
-                                        {&config, &arch, &constants, 2}};
+  const std::vector<RunRequest> runs = {
+      {&config, &arch, &constants, 0}, {&config, &arch, &constants, 1}, {&config, &arch, &constants, 2}};
   for (const int at_once : {1, 2}) {
     long long last_done = -1, last_total = -1;
     std::vector<int> handed(runs.size(), 0);
     std::mutex mutex;
-    run_all(runs, {at_once, 1, [&](long long done, long long total) { last_done = done, last_total = total; }},
+    run_all(runs,
+            {at_once, 1, [&](long long done, long long total) { last_done = done, last_total = total; }},
             [&](std::size_t run, SeedResult&& result, double seconds) {
               std::lock_guard lock(mutex);
               ++handed[run];
