@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gradflow/architecture.hpp"
 #include "gradflow/errors.hpp"
 
 namespace gradflow {
@@ -78,6 +79,18 @@ Precision parse_precision(std::string_view name) {
   return parse_enum("--precision", name, {Precision::f32, Precision::f64});
 }
 
+std::optional<double> ModelConfig::number_option(std::string_view key) const {
+  const auto found = options.find(key);
+  if (found == options.end() || !std::holds_alternative<double>(found->second)) return std::nullopt;
+  return std::get<double>(found->second);
+}
+
+std::optional<std::string> ModelConfig::word_option(std::string_view key) const {
+  const auto found = options.find(key);
+  if (found == options.end() || !std::holds_alternative<std::string>(found->second)) return std::nullopt;
+  return std::get<std::string>(found->second);
+}
+
 SublayerKind ModelConfig::sublayer_kind(int sublayer) const {
   switch (block) {
     case BlockKind::attn_ffn:
@@ -134,28 +147,11 @@ void validate(const ModelConfig& config) {
     throw InputError(fmt::format("--probes {} must be at least 1; try --probes 1", config.probes));
   if (config.probes > kMaxProbes)
     throw InputError(fmt::format("--probes {} exceeds {}; try --probes 4", config.probes, kMaxProbes));
-  // Written as !(inside) so that NaN, which compares false with everything, is refused too.
-  if (config.alpha && !(*config.alpha > 0.0 && std::isfinite(*config.alpha))) {
-    throw InputError(
-        fmt::format("--alpha {} must be positive and finite; omit it to use the placement's own constant",
-                    *config.alpha));
-  }
   if (!(config.input_corr >= 0.0 && config.input_corr <= 1.0)) {
     throw InputError(
         fmt::format("--input-corr {} must lie in [0, 1]; try --input-corr 0.5", config.input_corr));
   }
-  if (config.keel_variant != "v1" && config.keel_variant != "v2") {
-    throw InputError(
-        fmt::format("--keel-variant {:?} is not v1 or v2; try --keel-variant v2", config.keel_variant));
-  }
-  if (!(config.mix_ratio >= 0.0 && config.mix_ratio <= 1.0)) {
-    throw InputError(
-        fmt::format("--mix-ratio {} must lie in [0, 1]; try --mix-ratio 0.25", config.mix_ratio));
-  }
-  if (config.rezero_alpha && !std::isfinite(*config.rezero_alpha)) {
-    throw InputError(fmt::format("--rezero-alpha {} must be finite; omit it for rezero's a = 0 at init",
-                                 *config.rezero_alpha));
-  }
+  validate_options(config);  // the placements' own options (--alpha, --keel-variant, ...)
   if (config.angles_all && config.sublayers() > kAnglesMaxSublayers) {
     throw InputError(fmt::format(
         "--angles all needs O(S^2 T d) work and is limited to {} sublayers, not {}; reduce --depth",

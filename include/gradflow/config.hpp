@@ -1,9 +1,12 @@
 // The model configuration every analysis starts from, and the closed sets it is made of.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 namespace gradflow {
@@ -36,8 +39,14 @@ inline constexpr double kDytAlpha = 0.5;
 // The FFN's hidden width is this multiple of d (Vaswani et al. 2017).
 inline constexpr int kFfnMultiple = 4;
 
+// The value of a placement option (architecture.hpp, PlacementOption): a number or a word.
+using OptionValue = std::variant<double, std::string>;
+
+// The placement analyze measures when --arch is not given.
+inline constexpr std::string_view kDefaultPlacement = "keel";
+
 struct ModelConfig {
-  std::string arch = "keel";
+  std::string arch{kDefaultPlacement};
   int blocks = 64;  // --depth: blocks B
   int width = 256;  // d
   int heads = 4;
@@ -50,11 +59,9 @@ struct ModelConfig {
   std::uint64_t seed = 0;
   int probes = 1;
   double input_corr = 0.0;
-  // Architecture options; an unset optional means "the architecture's own default".
-  std::optional<double> alpha;
-  std::string keel_variant = "v2";
-  double mix_ratio = 0.25;
-  std::optional<double> rezero_alpha;
+  // Placement options given by the user (--alpha, --keel-variant, ...), by PlacementOption::key;
+  // an absent key means "the placement's own default".
+  std::map<std::string, OptionValue, std::less<>> options;
   // Optional analyses (issue 4); each costs extra passes over the stack.
   bool angles_all = false;      // --angles all: the (S+1)x(S+1) angular-distance matrix over states
   int spectrum = 0;             // --spectrum k: top-k singular values of J_{l->out} per state
@@ -66,6 +73,9 @@ struct ModelConfig {
   int ffn_hidden() const { return kFfnMultiple * width; }
   SublayerKind sublayer_kind(int sublayer) const;
   int block_of(int sublayer) const { return sublayer / sublayers_per_block(); }
+  // A given option's value; nullopt when it was not given (or is of the other type).
+  std::optional<double> number_option(std::string_view key) const;
+  std::optional<std::string> word_option(std::string_view key) const;
 };
 
 // Largest sizes gradflow accepts, checked before anything is sized from them: every index and

@@ -3,9 +3,11 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/architecture.hpp"
 #include "gradflow/sweep.hpp"
 
 namespace gradflow {
@@ -28,6 +30,28 @@ nlohmann::ordered_json provenance_to_json();
 // A double as JSON: the number, or null when it is not finite (the document's `diverged` says why).
 nlohmann::ordered_json json_number(double value);
 nlohmann::ordered_json json_numbers(const std::vector<double>& values);
+
+// ---- the configuration in documents (config_fields.cpp)
+// One field of the model configuration as the documents record it. config_fields() lists them in
+// document order: analyze's per-run "config", a sweep's "model", the manifest check and `check`'s
+// comparison all loop over this one list (placement options come from the placements).
+struct ConfigField {
+  std::string_view key;   // JSON key
+  std::string_view flag;  // the flag that sets it, for advice ("--depth"); "" when none does
+  nlohmann::ordered_json (*value)(const ModelConfig&);
+  bool in_sweep_model;  // shared by every cell of a sweep, so in its "model" (depth and width vary per cell)
+  bool compared;        // runs that differ in it measure different things: `check` refuses to compare them
+};
+const std::vector<ConfigField>& config_fields();
+// Every field of config_fields() for one run, in order.
+nlohmann::ordered_json run_config_fields(const ModelConfig& config);
+// Appends to a run's config the placement's options marked in_run_config, then norm constants (dyt_alpha).
+void add_run_config_options(nlohmann::ordered_json& config, const Architecture& arch,
+                            const ModelConfig& model);
+// The keys whose difference makes two runs incomparable: compared fields, then in_run_config options.
+std::vector<std::string> compared_config_keys();
+// The flag that sets a config key or placement option, for advice; the key itself when none does.
+std::string config_flag(std::string_view key);
 
 // The resolved configuration of one placement's run (every default explicit, constants included).
 nlohmann::ordered_json config_to_json(const ArchResult& result);
@@ -58,6 +82,11 @@ nlohmann::ordered_json sweep_document(const nlohmann::ordered_json& manifest,
                                       const std::vector<nlohmann::ordered_json>& cells);
 // The sweep document as CSV: one row per cell (its summary figures), RFC 4180.
 void write_sweep_csv(const nlohmann::ordered_json& sweep, std::ostream& out);
+
+// The key where two JSON objects first differ, as "PREFIXkey: A vs B" ("model.seq: 16 vs 32");
+// empty when equal. Compares a sweep's manifests and a cell file with the run it should hold.
+std::string first_difference(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b,
+                             const std::string& prefix);
 
 // A placement's registry entry (gradflow archs), with constants at `config`'s depth.
 nlohmann::ordered_json architecture_to_json(const Architecture& arch, const ModelConfig& config);

@@ -15,9 +15,10 @@ Architecture deepnorm() {
   arch.expected_growth = "bounded";
   arch.constants = [](const ModelConfig& config) -> Constants {
     const double blocks = config.blocks;
-    return {{"alpha", config.alpha.value_or(std::pow(2.0 * blocks, 0.25)),
-             config.alpha ? "--alpha" : "(2B)^(1/4)", "blocks"},
-            {"beta", std::pow(8.0 * blocks, -0.25), "(8B)^(-1/4)", "blocks"}};
+    const std::optional<double> alpha = config.number_option("alpha");
+    return {
+        {"alpha", alpha.value_or(std::pow(2.0 * blocks, 0.25)), alpha ? "--alpha" : "(2B)^(1/4)", "blocks"},
+        {"beta", std::pow(8.0 * blocks, -0.25), "(8B)^(-1/4)", "blocks"}};
   };
   // x <- N(a x + F(x)); Xavier-normal with gain beta on W_V, W_O, W_1, W_2, gain 1 on W_Q, W_K (DeepNet Fig.
   // 2).

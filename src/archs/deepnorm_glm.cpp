@@ -16,8 +16,8 @@ Architecture deepnorm_glm() {
   arch.expected_growth = "bounded";
   arch.constants = [](const ModelConfig& config) -> Constants {
     const double blocks = config.blocks;
-    return {{"alpha", config.alpha.value_or(std::sqrt(2.0 * blocks)), config.alpha ? "--alpha" : "(2B)^(1/2)",
-             "blocks"},
+    const std::optional<double> alpha = config.number_option("alpha");
+    return {{"alpha", alpha.value_or(std::sqrt(2.0 * blocks)), alpha ? "--alpha" : "(2B)^(1/2)", "blocks"},
             {"beta", 1.0 / std::sqrt(2.0 * blocks), "(2B)^(-1/2)", "blocks"}};
   };
   // x <- N(a x + F(x)); Xavier-normal with gain beta on W_V, W_O, W_1, W_2, gain 1 on W_Q, W_K (DeepNet Fig.

@@ -7,6 +7,8 @@
 namespace gradflow::archs {
 
 namespace {
+constexpr const char* kDefaultVariant = "v2";
+
 // The paper's first sublayers: in v2 the first attention sublayer is plain pre-ln and the first FFN
 // keeps the outer norm with a = 1; in v1 both are plain pre-ln.
 enum class FirstSublayer { none, plain_pre_norm, unit_alpha };
@@ -17,7 +19,8 @@ FirstSublayer first_sublayer_rule(const SublayerContext& ctx) {
       ctx.config.block == BlockKind::attn_ffn ? 1 : (ctx.config.block == BlockKind::ffn ? 0 : -1);
   if (ctx.sublayer == first_attn) return FirstSublayer::plain_pre_norm;
   if (ctx.sublayer == first_ffn) {
-    return ctx.config.keel_variant == "v1" ? FirstSublayer::plain_pre_norm : FirstSublayer::unit_alpha;
+    const bool v1 = ctx.config.word_option("keel_variant").value_or(kDefaultVariant) == "v1";
+    return v1 ? FirstSublayer::plain_pre_norm : FirstSublayer::unit_alpha;
   }
   return FirstSublayer::none;
 }
@@ -34,10 +37,20 @@ Architecture keel() {
   arch.final_norm = "none";
   arch.citation = "Chen & Wei 2026 \"Post-LayerNorm Is Back\", arXiv 2601.19895";
   arch.expected_growth = "bounded";
-  arch.accepts_alpha = true;
+  PlacementOption variant;
+  variant.key = "keel_variant";
+  variant.flag = "--keel-variant";
+  variant.help = "Keel's first sublayers: v2 (paper v2) or v1";
+  variant.default_value = kDefaultVariant;
+  variant.choices = {"v1", "v2"};
+  variant.when_unused = UnusedOption::ignore;
+  variant.in_run_config = true;
+  variant.in_sweep_model = true;
+  arch.options = {recipes::skip_weight_option(), variant};
   arch.constants = [](const ModelConfig& config) -> Constants {
-    return {{"alpha", config.alpha.value_or(static_cast<double>(config.sublayers())),
-             config.alpha ? "--alpha" : "S", "sublayers"}};
+    const std::optional<double> alpha = config.number_option("alpha");
+    return {{"alpha", alpha.value_or(static_cast<double>(config.sublayers())), alpha ? "--alpha" : "S",
+             "sublayers"}};
   };
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
     if (first_sublayer_rule(ctx) == FirstSublayer::plain_pre_norm) return recipes::pre_norm(g);

@@ -157,7 +157,7 @@ void residual_add(SublayerGraph& g, Value x, Value update) {
 }
 
 void deepnet_post_norm(Architecture& arch) {
-  arch.accepts_alpha = true;
+  arch.options = {skip_weight_option()};
   arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
     post_norm(g, constant_value(ctx.constants, "alpha"));
   };

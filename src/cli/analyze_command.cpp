@@ -1,18 +1,16 @@
 // `gradflow analyze`: build the stacks, measure them, write JSON, CSV or a summary table.
 #include <fmt/format.h>
-#include <omp.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <map>
-#include <mutex>
 #include <thread>
 
 #include "commands.hpp"
 #include "gradflow/analysis.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/report.hpp"
+#include "gradflow/runner.hpp"
 
 namespace gradflow::cli {
 
@@ -22,7 +20,7 @@ constexpr double kEstimateAbove = 60.0;
 
 struct AnalyzeOptions {
   ModelOptions model;
-  std::string arch = "keel";
+  std::string arch{kDefaultPlacement};
   std::uint64_t seed = 0;
   int seeds = 0;  // 0: just --seed
   int threads = 0;
@@ -77,7 +75,9 @@ std::string duration_text(double seconds) {
   return fmt::format("{:.1f} days", seconds / 86400);
 }
 
-int run_analyze(const AnalyzeOptions& options) {
+// Refuses --seeds 0, an --export-weights path that is not .safetensors and a --threads out of
+// range; returns the thread count (all cores unless --threads is given).
+int checked_threads(const AnalyzeOptions& options) {
   if (options.seeds_flag && options.seeds_flag->count() > 0 && options.seeds < 1) {
     throw InputError(
         fmt::format("--seeds {} must be at least 1 (seeds 0..N-1); try --seeds 1, or --seed S for one "
@@ -92,14 +92,6 @@ int run_analyze(const AnalyzeOptions& options) {
         options.export_weights,
         std::filesystem::path(options.export_weights).replace_extension(".safetensors").string()));
   }
-  const std::string format = resolve_output_format(options.format, options.output_flag, options.output,
-                                                   {"json", "csv", "table", "markdown"}, "table");
-  ModelConfig model = resolve_model(options.model);
-  model.angles_all = options.angles == "all";
-  validate(model);
-  const auto archs = parse_architecture_list(options.arch);
-  check_alpha_applies(model, archs, options.arch);
-  warn_unused_placement_options(options.model, archs);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (options.threads_flag && options.threads_flag->count() > 0 &&
       (options.threads < 1 || options.threads > kMaxThreads)) {
@@ -108,27 +100,22 @@ int run_analyze(const AnalyzeOptions& options) {
                     "(omit --threads) uses them all",
                     options.threads, kMaxThreads, cores));
   }
-  const int threads = options.threads_flag && options.threads_flag->count() > 0 ? options.threads : cores;
+  return options.threads_flag && options.threads_flag->count() > 0 ? options.threads : cores;
+}
 
-  // Counted in 64 bits and checked before anything is sized from it.
-  const long long seed_count = options.seeds > 0 ? options.seeds : 1;
-  const long long job_count = static_cast<long long>(archs.size()) * seed_count;
-  if (job_count > kMaxRuns) {
-    throw InputError(
-        fmt::format("{} placement(s) x {} seed(s) is {} runs, more than the {} one analyze holds; "
-                    "use fewer --seeds, or 'gradflow sweep' for large grids",
-                    archs.size(), seed_count, job_count, kMaxRuns));
-  }
-  const int jobs = static_cast<int>(job_count);
-  const int concurrent = std::min(threads, jobs);
-  // A single run splits each op over a second thread (the engine's ShardPair).
-  check_memory(model, archs, concurrent, jobs == 1 ? std::min(threads, 2) : concurrent, job_count);
+// The seeds of every placement: 0..N-1 with --seeds N, else --seed.
+std::vector<std::uint64_t> seed_list(const AnalyzeOptions& options) {
   std::vector<std::uint64_t> seeds;
   if (options.seeds > 0) {
     for (int s = 0; s < options.seeds; ++s) seeds.push_back(static_cast<std::uint64_t>(s));
   } else {
     seeds.push_back(options.seed);
   }
+  return seeds;
+}
+
+// Warnings and the time estimate, on stderr before the work starts.
+void warn_before_start(const ModelConfig& model, const std::string& format, int jobs, int threads) {
   if (model.spectrum > 0) {
     const double sublayers = model.sublayers();
     const double evaluations = sublayers * (sublayers + 1) / 2 * 2 * model.spectrum;
@@ -146,67 +133,30 @@ int run_analyze(const AnalyzeOptions& options) {
         stderr,
         "gradflow: warning: the --angles all matrix is written in JSON only; use --format json to get it\n");
   }
-  AtomicOutput output(options.output);  // fails now, before any work, if the path is not writable
   if (const double seconds = estimated_seconds(model, jobs, threads); seconds > kEstimateAbove) {
     fmt::print(stderr,
                "gradflow: note: {} run(s) of {} sublayers will take about {} on {} thread(s) (estimate); "
                "Ctrl-C stops it, fewer --seeds or a smaller --depth shortens it\n",
                jobs, model.sublayers(), duration_text(seconds), threads);
   }
+}
 
-  const auto start = std::chrono::steady_clock::now();
-  AnalysisReport report;
-  report.threads = threads;
-  struct Job {
-    std::size_t result, seed;
-  };
-  std::vector<Job> job_list;
-  for (const Architecture* arch : archs) {
-    ArchResult result;
-    result.arch = arch;
-    result.config = model;
-    result.config.arch = std::string(arch->id);
-    result.constants = resolve_constants(*arch, result.config);
-    result.seeds.resize(seeds.size());
-    report.results.push_back(std::move(result));
-    for (std::size_t s = 0; s < seeds.size(); ++s) job_list.push_back({report.results.size() - 1, s});
-  }
-
-  ProgressBar progress(!options.quiet && stderr_is_terminal(),
-                       fmt::format("gradflow analyze ({} run(s))", jobs));
-  std::mutex progress_mutex;
-  std::vector<long long> job_done(job_list.size(), 0);
-  const long long total_work = static_cast<long long>(job_list.size()) * analysis_work_units(model);
-  std::exception_ptr failure;  // the first run's exception, rethrown here once every run is done
-  omp_set_num_threads(jobs == 1 ? threads : concurrent);  // no idle threads beyond the runs
-  omp_set_max_active_levels(1);
-  // Runs are independent and each is deterministic, so their order does not change any number.
-  // An exception must not leave an OpenMP region (that is std::terminate): each is caught and
-  // the first one rethrown after the loop.
-#pragma omp parallel for schedule(dynamic, 1) if (job_list.size() > 1)
-  for (std::size_t j = 0; j < job_list.size(); ++j) {
-    try {
-      ArchResult& result = report.results[job_list[j].result];
-      const ProgressCallback on_progress = [&, j](long long done, long long) {
-        std::lock_guard lock(progress_mutex);
-        job_done[j] = done;
-        long long sum = 0;
-        for (long long d : job_done) sum += d;
-        progress.update(sum, total_work);
-      };
-      // The run's second core only when it runs alone: inside the parallel loop the cores are busy.
-      const ExecutionOptions execution{omp_get_max_threads() >= 2 && !omp_in_parallel() ? 2 : 1};
-      result.seeds[job_list[j].seed] = analyze_seed(result.config, *result.arch, result.constants,
-                                                    seeds[job_list[j].seed], execution, on_progress);
-    } catch (...) {
-      std::lock_guard lock(progress_mutex);
-      if (!failure) failure = std::current_exception();
+// --export-weights: input, probes and every weight of each run, one file per placement and seed.
+void export_weights(const AnalysisReport& report, const std::string& base, bool several) {
+  for (const ArchResult& result : report.results) {
+    for (const SeedResult& seed : result.seeds) {
+      AtomicOutput file(export_path(base, result.arch->id, seed.seed, several));
+      const nlohmann::ordered_json metadata = {{"arch", std::string(result.arch->id)},
+                                               {"seed", std::to_string(seed.seed)},
+                                               {"config", config_to_json(result).dump()}};
+      write_safetensors(run_tensors(result.config, *result.arch, result.constants, seed.seed),
+                        result.config.precision, metadata, file.stream());
+      file.commit();
     }
   }
-  if (failure) std::rethrow_exception(failure);
-  report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  progress.finish();  // clear the bar before warnings and output share the terminal
+}
 
+void warn_diverged(const AnalysisReport& report) {
   for (const ArchResult& result : report.results) {
     for (const SeedResult& seed : result.seeds) {
       if (seed.diverged) {
@@ -216,21 +166,10 @@ int run_analyze(const AnalyzeOptions& options) {
       }
     }
   }
-  if (!options.export_weights.empty()) {
-    const bool several = jobs > 1;
-    for (const ArchResult& result : report.results) {
-      for (const SeedResult& seed : result.seeds) {
-        AtomicOutput file(export_path(options.export_weights, result.arch->id, seed.seed, several));
-        const nlohmann::ordered_json metadata = {{"arch", std::string(result.arch->id)},
-                                                 {"seed", std::to_string(seed.seed)},
-                                                 {"config", config_to_json(result).dump()}};
-        write_safetensors(run_tensors(result.config, *result.arch, result.constants, seed.seed),
-                          result.config.precision, metadata, file.stream());
-        file.commit();
-      }
-    }
-  }
-  report.timing = !options.no_timing;
+}
+
+void write_report(const AnalysisReport& report, const std::string& format, const AnalyzeOptions& options,
+                  AtomicOutput& output) {
   if (format == "csv") {
     write_csv(report, output.stream());
   } else if (format == "table") {
@@ -242,6 +181,48 @@ int run_analyze(const AnalyzeOptions& options) {
     write_json(report, output.stream());
   }
   output.commit();
+}
+
+int run_analyze(const AnalyzeOptions& options) {
+  const int threads = checked_threads(options);
+  const std::string format = resolve_output_format(options.format, options.output_flag, options.output,
+                                                   {"json", "csv", "table", "markdown"}, "table");
+  ModelConfig model = resolve_model(options.model);
+  model.angles_all = options.angles == "all";
+  validate(model);
+  const auto archs = parse_architecture_list(options.arch);
+  check_options_apply(model, archs, options.arch);
+  // Counted in 64 bits and checked before anything is sized from it.
+  const long long seed_count = options.seeds > 0 ? options.seeds : 1;
+  const long long job_count = static_cast<long long>(archs.size()) * seed_count;
+  if (job_count > kMaxRuns) {
+    throw InputError(
+        fmt::format("{} placement(s) x {} seed(s) is {} runs, more than the {} one analyze holds; "
+                    "use fewer --seeds, or 'gradflow sweep' for large grids",
+                    archs.size(), seed_count, job_count, kMaxRuns));
+  }
+  const int jobs = static_cast<int>(job_count);
+  const int concurrent = std::min(threads, jobs);
+  // A single run splits each op over a second thread (the engine's ShardPair).
+  check_memory(model, archs, concurrent, jobs == 1 ? std::min(threads, 2) : concurrent, job_count);
+  warn_before_start(model, format, jobs, threads);
+  AtomicOutput output(options.output);  // fails now, before any work, if the path is not writable
+
+  const auto start = std::chrono::steady_clock::now();
+  AnalysisReport report;
+  report.threads = threads;
+  report.results = plan_analysis(model, archs, seed_list(options));
+  ProgressBar progress(!options.quiet && stderr_is_terminal(),
+                       fmt::format("gradflow analyze ({} run(s))", jobs));
+  run_analysis(report.results,
+               {concurrent, threads, [&](long long done, long long total) { progress.update(done, total); }});
+  report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  progress.finish();  // clear the bar before warnings and output share the terminal
+
+  warn_diverged(report);
+  if (!options.export_weights.empty()) export_weights(report, options.export_weights, jobs > 1);
+  report.timing = !options.no_timing;
+  write_report(report, format, options, output);
   return 0;
 }
 }  // namespace

@@ -26,6 +26,16 @@ std::string constants_text(const Architecture& arch, const ModelConfig& config) 
   return text.empty() ? "-" : text;
 }
 
+// The placement's options (PlacementOption) with their defaults, e.g. "--alpha (paper's constant)".
+std::string options_text(const Architecture& arch) {
+  std::string text;
+  for (const PlacementOption& option : arch.options) {
+    if (!text.empty()) text += "; ";
+    text += fmt::format("{} (default {}): {}", option.flag, option.shown_default(), option.help);
+  }
+  return text;
+}
+
 // The closed-form skip factors (architectures.md "Closed forms") under the idealised branch:
 // per sublayer and their product over the stack, in log10 (2^(-S/2) underflows at large S).
 void print_closed_forms(const Architecture& arch, const ModelConfig& config) {
@@ -90,6 +100,7 @@ int run_archs(const ArchsOptions& options) {
           constants_text(*arch, config), config.blocks, config.sublayers(), fmt::join(arch->streams, ", "),
           arch->expected_growth, arch->citation);
       if (arch->provisional) fmt::print("  provisional: {}\n", arch->provisional_note);
+      if (!arch->options.empty()) fmt::print("  options:     {}\n", options_text(*arch));
       print_closed_forms(*arch, config);
       fmt::print("\n");
     } else {

@@ -11,6 +11,7 @@
 #include "commands.hpp"
 #include "gradflow/check.hpp"
 #include "gradflow/errors.hpp"
+#include "gradflow/report.hpp"
 
 namespace gradflow::cli {
 
@@ -29,25 +30,6 @@ std::string shown(const json& value) {
   if (value.is_string()) return value.get<std::string>();
   if (value.is_number_float()) return fmt::format("{:.6g}", value.get<double>());
   return value.dump();
-}
-
-// The analyze flag that sets a configuration field, for advice on a mismatch.
-std::string flag_of(const std::string& field) {
-  static const std::map<std::string, std::string> flags = {{"blocks", "--depth"},
-                                                           {"sublayers", "--depth/--block"},
-                                                           {"block", "--block"},
-                                                           {"width", "--width"},
-                                                           {"heads", "--heads"},
-                                                           {"seq", "--seq"},
-                                                           {"norm", "--norm"},
-                                                           {"init", "--init"},
-                                                           {"precision", "--precision"},
-                                                           {"branch", "--ideal-branch"},
-                                                           {"probes", "--probes"},
-                                                           {"input_corr", "--input-corr"},
-                                                           {"keel_variant", "--keel-variant"}};
-  const auto found = flags.find(field);
-  return found == flags.end() ? field : found->second;
 }
 
 // The runs of a document, "arch seed N" (or "arch B.. d.. seed N" for sweeps), for the report.
@@ -79,7 +61,7 @@ std::string mismatch_advice(const Comparison& comparison) {
   return fmt::format(
       "if the result's {} was not meant to change, rerun it with the baseline's ({} {}); if the change was "
       "intended, review its figures first, then regenerate the baseline with the result's command",
-      m.field, flag_of(m.field), shown(m.baseline_value));
+      m.field, config_flag(m.field), shown(m.baseline_value));
 }
 
 std::string nothing_compared_advice(const json& result, const json& baseline) {
@@ -90,6 +72,57 @@ std::string nothing_compared_advice(const json& result, const json& baseline) {
       "or "
       "choose the baseline of the placement you ran",
       shortened_list(run_names(result)), shortened_list(run_names(baseline)));
+}
+
+// The regressions as a Markdown table of at most `max_rows` rows; "" when there are none.
+std::string regressions_table(const Comparison& comparison, int max_rows) {
+  if (comparison.regressions.empty()) return "";
+  std::string out;
+  out +=
+      "\n### Regressions\n\n| placement | run | figure | layer | old | new | difference | tolerance | note "
+      "|\n"
+      "|---|---|---|---|---|---|---|---|---|\n";
+  int rows = 0;
+  for (const Regression& r : comparison.regressions) {
+    if (++rows > max_rows) {
+      out += fmt::format("\n... and {} more (all of them with --json).\n",
+                         comparison.regressions.size() - max_rows);
+      break;
+    }
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", r.placement, r.run, r.figure,
+                       r.layer, shown(r.old_value), shown(r.new_value),
+                       std::isfinite(r.difference) ? fmt::format("{:.4g}", r.difference) : "-", r.tolerance,
+                       r.note);
+  }
+  return out;
+}
+
+// Each figure's largest difference, as a share of its tolerance (largest first), as a Markdown
+// table of at most `max_rows` rows; "" when nothing was compared.
+std::string largest_differences_table(const Comparison& comparison, int max_rows) {
+  if (comparison.largest.empty()) return "";
+  std::string out;
+  std::vector<std::pair<std::string, LargestDifference>> rows(comparison.largest.begin(),
+                                                              comparison.largest.end());
+  const auto share = [](const LargestDifference& d) {
+    return d.tolerance > 0 ? d.difference / d.tolerance : (d.difference > 0 ? INFINITY : 0.0);
+  };
+  std::stable_sort(rows.begin(), rows.end(),
+                   [&](const auto& a, const auto& b) { return share(a.second) > share(b.second); });
+  out +=
+      "\n### Largest difference per figure\n\n| figure | largest difference | tolerance | of tolerance | "
+      "where "
+      "|\n|---|---|---|---|---|\n";
+  int shown_rows = 0;
+  for (const auto& [figure, d] : rows) {
+    if (++shown_rows > max_rows) {
+      out += fmt::format("\n... and {} more figures (all of them with --json).\n", rows.size() - max_rows);
+      break;
+    }
+    out += fmt::format("| {} | {:.3g} | {} | {:.3g}% | {} {} {} |\n", figure, d.difference, d.tolerance,
+                       100 * share(d), d.placement, d.run, d.layer);
+  }
+  return out;
 }
 
 std::string markdown_report(const CheckOptions& options, const Tolerances& tolerances,
@@ -104,7 +137,7 @@ std::string markdown_report(const CheckOptions& options, const Tolerances& toler
         "These runs were not compared (exit 2):\n\n| placement | field | result | baseline "
         "|\n|---|---|---|---|\n");
     for (const ConfigMismatch& m : comparison.mismatches) {
-      out += fmt::format("| {} | {} (`{}`) | {} | {} |\n", m.placement, m.field, flag_of(m.field),
+      out += fmt::format("| {} | {} (`{}`) | {} | {} |\n", m.placement, m.field, config_flag(m.field),
                          shown(m.result_value), shown(m.baseline_value));
     }
     out += fmt::format("\nWhat to do: {}.\n\n", mismatch_advice(comparison));
@@ -124,47 +157,8 @@ std::string markdown_report(const CheckOptions& options, const Tolerances& toler
       "decades of new/old; growth exponents {} (absolute){}.\n",
       tolerances.log_space, tolerances.linear, tolerances.exponent,
       tolerances.per_figure.empty() ? "" : "; per-figure overrides from " + options.tolerances);
-  if (!comparison.regressions.empty()) {
-    out +=
-        "\n### Regressions\n\n| placement | run | figure | layer | old | new | difference | tolerance | note "
-        "|\n"
-        "|---|---|---|---|---|---|---|---|---|\n";
-    int rows = 0;
-    for (const Regression& r : comparison.regressions) {
-      if (++rows > options.max_rows) {
-        out += fmt::format("\n... and {} more (all of them with --json).\n",
-                           comparison.regressions.size() - options.max_rows);
-        break;
-      }
-      out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", r.placement, r.run, r.figure,
-                         r.layer, shown(r.old_value), shown(r.new_value),
-                         std::isfinite(r.difference) ? fmt::format("{:.4g}", r.difference) : "-", r.tolerance,
-                         r.note);
-    }
-  }
-  if (!comparison.largest.empty()) {
-    std::vector<std::pair<std::string, LargestDifference>> rows(comparison.largest.begin(),
-                                                                comparison.largest.end());
-    const auto share = [](const LargestDifference& d) {
-      return d.tolerance > 0 ? d.difference / d.tolerance : (d.difference > 0 ? INFINITY : 0.0);
-    };
-    std::stable_sort(rows.begin(), rows.end(),
-                     [&](const auto& a, const auto& b) { return share(a.second) > share(b.second); });
-    out +=
-        "\n### Largest difference per figure\n\n| figure | largest difference | tolerance | of tolerance | "
-        "where "
-        "|\n|---|---|---|---|---|\n";
-    int shown_rows = 0;
-    for (const auto& [figure, d] : rows) {
-      if (++shown_rows > options.max_rows) {
-        out += fmt::format("\n... and {} more figures (all of them with --json).\n",
-                           rows.size() - options.max_rows);
-        break;
-      }
-      out += fmt::format("| {} | {:.3g} | {} | {:.3g}% | {} {} {} |\n", figure, d.difference, d.tolerance,
-                         100 * share(d), d.placement, d.run, d.layer);
-    }
-  }
+  out += regressions_table(comparison, options.max_rows);
+  out += largest_differences_table(comparison, options.max_rows);
   if (!outcomes.empty()) {
     out += "\n### Expectations\n\n| expectation | value | result |\n|---|---|---|\n";
     for (const auto& outcome : outcomes) {
@@ -184,7 +178,7 @@ json json_report(const CheckOptions& options, const Comparison& comparison,
   for (const ConfigMismatch& m : comparison.mismatches) {
     mismatches.push_back({{"placement", m.placement},
                           {"field", m.field},
-                          {"flag", flag_of(m.field)},
+                          {"flag", config_flag(m.field)},
                           {"result", m.result_value},
                           {"baseline", m.baseline_value}});
   }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -41,17 +42,17 @@ struct ModelOptions {
   ModelConfig model;
   std::string block = "attn-ffn", norm = "rms", init = "xavier", precision = "f32";
   bool ideal_branch = false;
-  const CLI::Option* mix_ratio_flag = nullptr;  // to tell a given --mix-ratio from its default
+  // The placement options' flags (PlacementOption), by key; a value only when the flag is given.
+  std::map<std::string, std::optional<double>, std::less<>> numbers;
+  std::map<std::string, std::optional<std::string>, std::less<>> words;
 };
 void add_model_options(CLI::App* sub, ModelOptions& options);
 // The configuration the flags describe (depth and width as set on options.model), validated.
 ModelConfig resolve_model(const ModelOptions& options);
-// Refuses --alpha when no placement of `archs` accepts it; warns for those that ignore it.
-void check_alpha_applies(const ModelConfig& model, const std::vector<const Architecture*>& archs,
+// For each placement option given but declared by no placement of `archs` (--arch `arch_list`):
+// what its `when_unused` says (refuse with an InputError, warn, or nothing).
+void check_options_apply(const ModelConfig& model, const std::vector<const Architecture*>& archs,
                          const std::string& arch_list);
-// Warns when --mix-ratio or --rezero-alpha is given but no placement of `archs` uses it.
-void warn_unused_placement_options(const ModelOptions& options,
-                                   const std::vector<const Architecture*>& archs);
 // Refuses up front a configuration whose `concurrent` runs would not fit in memory, counting
 // `threads` threads for the address space.
 // `stored_runs` finished runs are kept until the report is written (analyze's placements x seeds).
@@ -102,9 +103,6 @@ std::optional<std::string> read_text_file(const std::string& path);
 nlohmann::ordered_json read_json_file(const std::string& path);
 // Whether a path exists; throws InputError naming it when it cannot be examined (ELOOP, EACCES).
 bool path_exists(const std::string& path);
-// The key where two JSON objects first differ, as "PREFIXkey: A vs B"; empty when equal.
-std::string first_difference(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b,
-                             const std::string& prefix);
 // Writes `text` to `path` whole or not at all (AtomicOutput).
 void write_file_atomically(const std::string& path, const std::string& text);
 

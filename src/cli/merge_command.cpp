@@ -22,13 +22,8 @@ struct MergeOptions {
   const CLI::Option* output_flag = nullptr;
 };
 
-// Cell config fields that must equal the manifest's shared model options.
-constexpr const char* kSharedFields[] = {"block",     "heads",  "seq",    "norm",      "init",
-                                         "precision", "branch", "probes", "input_corr"};
-
-int run_merge(const MergeOptions& options) {
-  const std::string format =
-      resolve_output_format(options.format, options.output_flag, options.output, {"json", "csv"}, "json");
+// Every directory's sweep.json, refused unless they are shards of one sweep (same grid, same model).
+std::vector<json> read_manifests(const MergeOptions& options) {
   std::vector<json> manifests;
   for (const auto& directory : options.directories) {
     const std::string path = (std::filesystem::path(directory) / "sweep.json").string();
@@ -51,12 +46,13 @@ int run_merge(const MergeOptions& options) {
       }
     }
   }
-  const json& manifest = manifests.front();
-  const SweepGrid grid = grid_from_manifest(manifest, options.directories.front());
-  // The cells are all held at once: refuse up front what would not fit (about 8 bytes of
-  // memory per byte of JSON text, as parsed documents).
+  return manifests;
+}
+
+// The cells are all held at once: refuse up front what would not fit (about 8 bytes of memory per
+// byte of JSON text, as parsed documents).
+void check_merge_memory(const MergeOptions& options, const std::vector<SweepCell>& all_cells) {
   std::uint64_t cell_bytes = 0;
-  const std::vector<SweepCell> all_cells = sweep_cells(grid);
   for (const SweepCell& cell : all_cells) {
     for (const auto& directory : options.directories) {
       const std::string path = (std::filesystem::path(directory) / "cells" / cell_file_name(cell)).string();
@@ -71,6 +67,40 @@ int run_merge(const MergeOptions& options) {
   check_memory_need(8.0 * static_cast<double>(cell_bytes) + 1e3 * static_cast<double>(all_cells.size()), 1,
                     fmt::format("{} cells, {:.2f} GB of JSON", all_cells.size(), cell_bytes / 1e9),
                     "merge fewer cells at once");
+}
+
+// The cell document at `path`, refused unless it holds `cell` of this sweep: the cell its name
+// says, with the sweep's shared model fields (config_fields marked in_sweep_model and compared).
+json read_cell(const std::string& path, const SweepCell& cell, const json& manifest) {
+  json doc = read_json_file(path);
+  const CellFigures figures = cell_figures(doc, path);  // validates the cell's shape
+  if (figures.cell.arch != cell.arch || figures.cell.depth != cell.depth ||
+      figures.cell.width != cell.width || figures.cell.seed != cell.seed) {
+    throw InputError(
+        fmt::format("{} holds the cell {}, not the one its name says; remove it and rerun the "
+                    "sweep to recompute it",
+                    path, cell_file_name(figures.cell)));
+  }
+  try {
+    const json& config = doc.at("runs").at(0).at("config");
+    for (const ConfigField& shared : config_fields()) {
+      if (!shared.in_sweep_model || !shared.compared) continue;
+      const std::string field(shared.key);
+      if (config.at(field) != manifest.at("model").at(field)) {
+        throw InputError(fmt::format("{} has {} {} but the sweep has {} {}; it belongs to another sweep",
+                                     path, field, config.at(field).dump(), field,
+                                     manifest.at("model").at(field).dump()));
+      }
+    }
+  } catch (const json::exception& error) {
+    throw InputError(fmt::format("{}: not a gradflow cell document ({})", path, error.what()));
+  }
+  return doc;
+}
+
+// Every cell of the grid, each from the first directory that has it; refused when any is missing.
+std::vector<json> read_cells(const MergeOptions& options, const std::vector<SweepCell>& all_cells,
+                             const json& manifest) {
   std::vector<json> cells;
   std::vector<std::string> missing;
   for (const SweepCell& cell : all_cells) {
@@ -78,28 +108,7 @@ int run_merge(const MergeOptions& options) {
     for (const auto& directory : options.directories) {
       const std::string path = (std::filesystem::path(directory) / "cells" / cell_file_name(cell)).string();
       if (!path_exists(path)) continue;
-      json doc = read_json_file(path);
-      const CellFigures figures = cell_figures(doc, path);  // validates the cell's shape
-      if (figures.cell.arch != cell.arch || figures.cell.depth != cell.depth ||
-          figures.cell.width != cell.width || figures.cell.seed != cell.seed) {
-        throw InputError(
-            fmt::format("{} holds the cell {}, not the one its name says; remove it and rerun the "
-                        "sweep to recompute it",
-                        path, cell_file_name(figures.cell)));
-      }
-      try {
-        const json& config = doc.at("runs").at(0).at("config");
-        for (const char* field : kSharedFields) {
-          if (config.at(field) != manifest.at("model").at(field)) {
-            throw InputError(fmt::format("{} has {} {} but the sweep has {} {}; it belongs to another sweep",
-                                         path, field, config.at(field).dump(), field,
-                                         manifest.at("model").at(field).dump()));
-          }
-        }
-      } catch (const json::exception& error) {
-        throw InputError(fmt::format("{}: not a gradflow cell document ({})", path, error.what()));
-      }
-      cells.push_back(std::move(doc));
+      cells.push_back(read_cell(path, cell, manifest));
       found = true;
       break;
     }
@@ -112,7 +121,18 @@ int run_merge(const MergeOptions& options) {
                     missing.size(), missing.size() + cells.size(), fmt::join(options.directories, ", "),
                     missing.front()));
   }
-  const json document = sweep_document(manifest, cells);
+  return cells;
+}
+
+int run_merge(const MergeOptions& options) {
+  const std::string format =
+      resolve_output_format(options.format, options.output_flag, options.output, {"json", "csv"}, "json");
+  const std::vector<json> manifests = read_manifests(options);
+  const json& manifest = manifests.front();
+  const SweepGrid grid = grid_from_manifest(manifest, options.directories.front());
+  const std::vector<SweepCell> all_cells = sweep_cells(grid);
+  check_merge_memory(options, all_cells);
+  const json document = sweep_document(manifest, read_cells(options, all_cells, manifest));
   if (format == "csv") {
     std::ostringstream text;
     write_sweep_csv(document, text);

@@ -9,6 +9,18 @@
 
 namespace gradflow::cli {
 
+namespace {
+// One flag per placement option (PlacementOption), each declared by the placements' recipe files.
+void add_placement_options(CLI::App* sub, ModelOptions& options) {
+  for (const PlacementOption* option : placement_options()) {
+    const std::string flag(option->flag), key(option->key), help(option->help);
+    CLI::Option* added = option->is_word() ? sub->add_option(flag, options.words[key], help)
+                                           : sub->add_option(flag, options.numbers[key], help);
+    added->default_str(option->shown_default());
+  }
+}
+}  // namespace
+
 void add_model_options(CLI::App* sub, ModelOptions& options) {
   ModelConfig& m = options.model;
   sub->add_option("--heads", m.heads, "Attention heads (must divide --width)");
@@ -25,15 +37,7 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
   sub->add_option("--precision", options.precision,
                   "Arithmetic: f32 or f64 (gradient logs are always accumulated in double)")
       ->check(CLI::IsMember({"f32", "f64"}));
-  sub->add_option(
-         "--alpha", m.alpha,
-         "Override the skip weight a of deepnorm, deepnorm-glm or keel (default: the paper's constant)")
-      ->default_str("paper's constant");
-  sub->add_option("--keel-variant", m.keel_variant, "Keel's first sublayers: v2 (paper v2) or v1");
-  options.mix_ratio_flag = sub->add_option(
-      "--mix-ratio", m.mix_ratio, "mix-ln: fraction r of blocks (the first floor(r B)) that are post-ln");
-  sub->add_option("--rezero-alpha", m.rezero_alpha, "rezero: the branch weight a (default 0, as at init)")
-      ->default_str("0");
+  add_placement_options(sub, options);
   sub->add_option("--probes", m.probes, "Random probes U per seed (per-state figures are RMS over probes)");
   sub->add_option("--input-corr", m.input_corr, "Correlation r of the input tokens, in [0, 1]");
   sub->add_flag("--ideal-branch", options.ideal_branch,
@@ -43,6 +47,12 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
 
 ModelConfig resolve_model(const ModelOptions& options) {
   ModelConfig model = options.model;
+  for (const auto& [key, value] : options.numbers) {
+    if (value) model.options[key] = *value;
+  }
+  for (const auto& [key, value] : options.words) {
+    if (value) model.options[key] = *value;
+  }
   if (options.ideal_branch) model.branch = BranchKind::rotation;
   model.block = parse_block_kind(options.block);
   model.norm = parse_norm_kind(options.norm);
@@ -52,44 +62,32 @@ ModelConfig resolve_model(const ModelOptions& options) {
   return model;
 }
 
-namespace {
-// The placements whose skip weight --alpha overrides.
-std::vector<std::string_view> alpha_placements() {
-  std::vector<std::string_view> ids;
-  for (const Architecture& arch : architectures()) {
-    if (arch.accepts_alpha) ids.push_back(arch.id);
-  }
-  return ids;
-}
-}  // namespace
-
-void check_alpha_applies(const ModelConfig& model, const std::vector<const Architecture*>& archs,
+void check_options_apply(const ModelConfig& model, const std::vector<const Architecture*>& archs,
                          const std::string& arch_list) {
-  if (!model.alpha) return;
-  bool any = false;
-  for (const Architecture* arch : archs) any = any || arch->accepts_alpha;
-  if (!any) {
-    throw InputError(fmt::format("--alpha {} does not apply to {}; it sets the skip weight of {}",
-                                 *model.alpha, arch_list, fmt::join(alpha_placements(), ", ")));
-  }
-  for (const Architecture* arch : archs) {
-    if (!arch->accepts_alpha)
-      fmt::print(stderr, "gradflow: warning: --alpha does not apply to {}; ignored there\n", arch->id);
-  }
-}
-
-void warn_unused_placement_options(const ModelOptions& options,
-                                   const std::vector<const Architecture*>& archs) {
-  const auto selected = [&](std::string_view id) {
-    return std::any_of(archs.begin(), archs.end(), [&](const Architecture* arch) { return arch->id == id; });
-  };
-  if (options.mix_ratio_flag && options.mix_ratio_flag->count() > 0 && !selected("mix-ln")) {
-    fmt::print(stderr,
-               "gradflow: warning: --mix-ratio applies to mix-ln only; ignored (add mix-ln to --arch)\n");
-  }
-  if (options.model.rezero_alpha && !selected("rezero")) {
-    fmt::print(stderr,
-               "gradflow: warning: --rezero-alpha applies to rezero only; ignored (add rezero to --arch)\n");
+  for (const PlacementOption* option : placement_options()) {
+    const auto given = model.options.find(option->key);
+    if (given == model.options.end() || option->when_unused == UnusedOption::ignore) continue;
+    const bool applies = std::any_of(archs.begin(), archs.end(), [&](const Architecture* arch) {
+      return declares_option(*arch, option->key);
+    });
+    const std::vector<std::string_view> owners = placements_declaring(option->key);
+    if (option->when_unused == UnusedOption::warn) {
+      if (!applies) {
+        fmt::print(stderr, "gradflow: warning: {} applies to {} only; ignored (add {} to --arch)\n",
+                   option->flag, fmt::join(owners, ", "), fmt::join(owners, ", "));
+      }
+      continue;
+    }
+    if (!applies) {
+      const std::string value = std::visit([](const auto& v) { return fmt::format("{}", v); }, given->second);
+      throw InputError(fmt::format("{} {} does not apply to {}; it sets {} of {}", option->flag, value,
+                                   arch_list, option->sets, fmt::join(owners, ", ")));
+    }
+    for (const Architecture* arch : archs) {
+      if (!declares_option(*arch, option->key))
+        fmt::print(stderr, "gradflow: warning: {} does not apply to {}; ignored there\n", option->flag,
+                   arch->id);
+    }
   }
 }
 

@@ -220,19 +220,6 @@ bool path_exists(const std::string& path) {
   return exists;
 }
 
-// The field where two JSON objects first differ ("model.seq: 16 vs 32"), empty when equal.
-std::string first_difference(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b,
-                             const std::string& prefix) {
-  for (const auto& [key, value] : a.items()) {
-    if (!b.contains(key)) return fmt::format("{}{}: {} vs absent", prefix, key, value.dump());
-    if (value != b.at(key)) return fmt::format("{}{}: {} vs {}", prefix, key, value.dump(), b.at(key).dump());
-  }
-  for (const auto& [key, value] : b.items()) {
-    if (!a.contains(key)) return fmt::format("{}{}: absent vs {}", prefix, key, value.dump());
-  }
-  return {};
-}
-
 void write_file_atomically(const std::string& path, const std::string& text) {
   AtomicOutput output(path);
   output.stream() << text;

@@ -15,6 +15,7 @@
 #include "gradflow/analysis.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/report.hpp"
+#include "gradflow/runner.hpp"
 #include "gradflow/sweep.hpp"
 
 namespace gradflow::cli {
@@ -30,45 +31,6 @@ struct SweepOptions {
   int jobs = 1;
   bool verbose = false, quiet = false;
 };
-
-// What a finished cell file must contain: a result for this cell's exact configuration.
-ArchResult cell_run(const ModelConfig& model, const Architecture& arch, const SweepCell& cell) {
-  ArchResult result;
-  result.arch = &arch;
-  result.config = model;
-  result.config.arch = std::string(arch.id);
-  result.config.blocks = cell.depth;
-  result.config.width = cell.width;
-  result.config.seed = cell.seed;
-  result.constants = resolve_constants(arch, result.config);
-  result.seeds.resize(1);
-  result.seeds[0].seed = cell.seed;
-  return result;
-}
-
-// Why an existing cell file cannot be reused, empty when it can.
-std::string stale_reason(const std::string& path, const ArchResult& expected) {
-  const auto text = read_text_file(path);
-  if (!text) return "unreadable";
-  json doc;
-  try {
-    doc = json::parse(*text);
-    if (doc.at("schema_version") != kSchemaVersion) return "another schema version";
-    const json& run = doc.at("runs").at(0);
-    const std::string difference = first_difference(run.at("config"), config_to_json(expected), "config.");
-    if (!difference.empty()) return "different configuration (" + difference + ")";
-    if (run.at("seeds").at(0).at("states").at("rms").size() !=
-        static_cast<std::size_t>(expected.config.sublayers() + 1)) {
-      return "incomplete";
-    }
-    cell_figures(doc, path);  // every field the summary reads
-  } catch (const json::exception& error) {
-    return fmt::format("not a cell document ({})", error.what());
-  } catch (const InputError& error) {
-    return error.what();
-  }
-  return {};
-}
 
 // A sweep killed by SIGKILL (which no handler sees) leaves its cells' temporary files,
 // NAME.tmp.PID.HEX; those of processes no longer running are removed when the sweep resumes.
@@ -99,41 +61,33 @@ void print_fits(const json& summary) {
   }
 }
 
-int run_sweep(const SweepOptions& options) {
-  if (options.directory.empty())
-    throw InputError("-o '' is an empty directory name; give the sweep's directory, e.g. -o sweep-out");
-  const auto [shard_index, shard_count] = parse_shard(options.shard);
+// The grid the flags describe (refused, naming the flags, when empty or too large).
+SweepGrid checked_grid(const SweepOptions& options, std::vector<const Architecture*>& archs) {
   SweepGrid grid;
   grid.depths = parse_int_list(options.depths, "--depth");
   grid.widths = options.widths.empty() ? std::vector<int>{ModelConfig{}.width}
                                        : parse_int_list(options.widths, "--width");
   grid.seeds = options.seeds;
-  const auto archs = parse_architecture_list(options.arch);
+  archs = parse_architecture_list(options.arch);
   for (const Architecture* arch : archs) grid.archs.emplace_back(arch->id);
   validate_grid(grid, "--arch, --depth, --width, --seeds");
-  ModelConfig model = resolve_model(options.model);
-  for (const int width : grid.widths) {  // every cell's configuration must be valid before any work
+  return grid;
+}
+
+// Every cell's configuration must be valid before any work.
+void validate_cells(const SweepGrid& grid, const ModelConfig& model) {
+  for (const int width : grid.widths) {
     for (const int depth : grid.depths) {
       ModelConfig cell = model;
       cell.width = width, cell.blocks = depth;
       validate(cell);
     }
   }
-  check_alpha_applies(model, archs, options.arch);
-  warn_unused_placement_options(options.model, archs);
-  ModelConfig largest = model;
-  largest.blocks = *std::max_element(grid.depths.begin(), grid.depths.end());
-  largest.width = *std::max_element(grid.widths.begin(), grid.widths.end());
-  check_memory(largest, archs, options.jobs, options.jobs == 1 ? 2 : options.jobs, options.jobs);
+}
 
-  const std::filesystem::path directory(options.directory), cells_directory = directory / "cells";
-  std::error_code error;
-  std::filesystem::create_directories(cells_directory, error);
-  if (error)
-    throw InputError(fmt::format("-o {}: cannot create {} ({})", options.directory, cells_directory.string(),
-                                 error.message()));
-
-  // The manifest is the same for every shard, so shards may share DIR; a different model is refused.
+// DIR/sweep.json, written (or found equal) before any cell: the manifest is the same for every
+// shard, so shards may share DIR; a different model is refused.
+json write_manifest(const std::filesystem::path& directory, const SweepGrid& grid, const ModelConfig& model) {
   const json manifest = json::parse(sweep_manifest(grid, model).dump());
   const std::string manifest_path = (directory / "sweep.json").string();
   if (path_exists(manifest_path)) {
@@ -147,71 +101,100 @@ int run_sweep(const SweepOptions& options) {
     }
   }
   write_file_atomically(manifest_path, manifest.dump(1) + "\n");
+  return manifest;
+}
 
+// This shard's cells that still need computing; complete cell files are kept (a resumed sweep).
+std::vector<CellPlan> pending_cells(const SweepOptions& options, const ModelConfig& model,
+                                    const std::vector<SweepCell>& mine, const std::filesystem::path& cells) {
+  std::vector<CellPlan> pending;
+  for (CellPlan& plan : plan_sweep_cells(model, mine, cells)) {
+    if (plan.complete()) {
+      if (options.verbose)
+        fmt::print(stderr, "gradflow sweep: skipped {} (already complete)\n", cell_file_name(plan.cell));
+      continue;
+    }
+    if (plan.exists)
+      fmt::print(stderr, "gradflow sweep: recomputing {}: {}\n", cell_file_name(plan.cell),
+                 plan.stale_reason);
+    pending.push_back(std::move(plan));
+  }
+  return pending;
+}
+
+// Runs the pending cells (--jobs side by side), each written to its file as it ends.
+void compute_cells(std::vector<CellPlan>& pending, const SweepOptions& options) {
+  ProgressBar progress(!options.quiet && !options.verbose && stderr_is_terminal(), "gradflow sweep");
+  std::vector<RunRequest> runs;
+  for (const CellPlan& plan : pending)
+    runs.push_back({&plan.run.config, plan.run.arch, &plan.run.constants, plan.cell.seed});
+  std::mutex mutex;
+  // Cells are independent and each is deterministic, so --jobs changes no byte of any file. With
+  // one job the engine splits each op over two cores (same numbers).
+  const RunnerOptions runner{options.jobs, omp_get_max_threads(),
+                             [&](long long done, long long total) { progress.update(done, total); }};
+  run_all(runs, runner, [&](std::size_t j, SeedResult&& seed, double seconds) {
+    CellPlan& job = pending[j];
+    job.run.seeds[0] = std::move(seed);
+    write_file_atomically(job.path.string(), cell_document(job.run).dump() + "\n");
+    std::lock_guard lock(mutex);
+    if (options.verbose)
+      fmt::print(stderr, "gradflow sweep: computed {} in {:.2f} s\n", cell_file_name(job.cell), seconds);
+    if (job.run.seeds[0].diverged) {
+      fmt::print(stderr, "gradflow: warning: {} diverged at sublayer {}: {}\n", cell_file_name(job.cell),
+                 job.run.seeds[0].diverged->sublayer, job.run.seeds[0].diverged->reason);
+    }
+    job.run.seeds[0] = SeedResult{};  // written: its figures need not stay in memory
+  });
+}
+
+// DIR/summary.json from every cell file, and the fits on stderr.
+void write_summary(const SweepOptions& options, const json& manifest, const std::vector<SweepCell>& all_cells,
+                   const std::filesystem::path& directory) {
+  std::vector<json> cells;
+  for (const SweepCell& cell : all_cells) {
+    const std::string path = (directory / "cells" / cell_file_name(cell)).string();
+    cells.push_back(read_json_file(path));
+    cell_figures(cells.back(), path);  // names the file if another process changed it meanwhile
+  }
+  const json document = sweep_document(manifest, cells);
+  write_file_atomically((directory / "summary.json").string(), document.dump() + "\n");
+  if (!options.quiet) print_fits(document.at("summary"));
+}
+
+int run_sweep(const SweepOptions& options) {
+  if (options.directory.empty())
+    throw InputError("-o '' is an empty directory name; give the sweep's directory, e.g. -o sweep-out");
+  const auto [shard_index, shard_count] = parse_shard(options.shard);
+  std::vector<const Architecture*> archs;
+  const SweepGrid grid = checked_grid(options, archs);
+  const ModelConfig model = resolve_model(options.model);
+  validate_cells(grid, model);
+  check_options_apply(model, archs, options.arch);
+  ModelConfig largest = model;
+  largest.blocks = *std::max_element(grid.depths.begin(), grid.depths.end());
+  largest.width = *std::max_element(grid.widths.begin(), grid.widths.end());
+  check_memory(largest, archs, options.jobs, options.jobs == 1 ? 2 : options.jobs, options.jobs);
+
+  const std::filesystem::path directory(options.directory), cells_directory = directory / "cells";
+  std::error_code error;
+  std::filesystem::create_directories(cells_directory, error);
+  if (error)
+    throw InputError(fmt::format("-o {}: cannot create {} ({})", options.directory, cells_directory.string(),
+                                 error.message()));
+  const json manifest = write_manifest(directory, grid, model);
   remove_stale_temporaries(cells_directory);
   const std::vector<SweepCell> all_cells = sweep_cells(grid);
   const std::vector<SweepCell> mine = shard_cells(all_cells, shard_index, shard_count);
-  struct Pending {
-    SweepCell cell;
-    ArchResult run;
-    std::string path;
-  };
-  std::vector<Pending> pending;
-  int skipped = 0;
-  for (const SweepCell& cell : mine) {
-    Pending job{cell, cell_run(model, find_architecture(cell.arch), cell),
-                (cells_directory / cell_file_name(cell)).string()};
-    if (path_exists(job.path)) {
-      const std::string reason = stale_reason(job.path, job.run);
-      if (reason.empty()) {
-        ++skipped;
-        if (options.verbose)
-          fmt::print(stderr, "gradflow sweep: skipped {} (already complete)\n", cell_file_name(cell));
-        continue;
-      }
-      fmt::print(stderr, "gradflow sweep: recomputing {}: {}\n", cell_file_name(cell), reason);
-    }
-    pending.push_back(std::move(job));
-  }
+  std::vector<CellPlan> pending = pending_cells(options, model, mine, cells_directory);
   if (!options.quiet) {
     fmt::print(
         stderr,
         "gradflow sweep: shard {}/{}: {} of {} cells; {} already complete, computing {} with {} job(s)\n",
-        shard_index, shard_count, mine.size(), all_cells.size(), skipped, pending.size(), options.jobs);
+        shard_index, shard_count, mine.size(), all_cells.size(), mine.size() - pending.size(), pending.size(),
+        options.jobs);
   }
-
-  ProgressBar progress(!options.quiet && !options.verbose && stderr_is_terminal(), "gradflow sweep");
-  std::mutex mutex;
-  std::exception_ptr failure;
-  long long done = 0;
-  omp_set_max_active_levels(1);
-  // Cells are independent and each is deterministic, so --jobs changes no byte of any file. Each
-  // cell runs single-threaded; with one job the engine splits each op over two cores (same numbers).
-#pragma omp parallel for schedule(dynamic, 1) num_threads(options.jobs) if (options.jobs > 1)
-  for (std::size_t j = 0; j < pending.size(); ++j) {
-    try {
-      Pending& job = pending[j];
-      const auto start = std::chrono::steady_clock::now();
-      const ExecutionOptions execution{omp_get_max_threads() >= 2 && !omp_in_parallel() ? 2 : 1};
-      job.run.seeds[0] = analyze_seed(job.run.config, *job.run.arch, job.run.constants, job.cell.seed, execution);
-      write_file_atomically(job.path, cell_document(job.run).dump() + "\n");
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::lock_guard lock(mutex);
-      ++done;
-      if (options.verbose)
-        fmt::print(stderr, "gradflow sweep: computed {} in {:.2f} s\n", cell_file_name(job.cell), seconds);
-      if (job.run.seeds[0].diverged) {
-        fmt::print(stderr, "gradflow: warning: {} diverged at sublayer {}: {}\n", cell_file_name(job.cell),
-                   job.run.seeds[0].diverged->sublayer, job.run.seeds[0].diverged->reason);
-      }
-      progress.update(done, static_cast<long long>(pending.size()));
-    } catch (...) {
-      std::lock_guard lock(mutex);
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
-
+  compute_cells(pending, options);
   if (shard_count > 1) {
     if (!options.quiet) {
       fmt::print(
@@ -221,15 +204,7 @@ int run_sweep(const SweepOptions& options) {
     }
     return 0;
   }
-  std::vector<json> cells;
-  for (const SweepCell& cell : all_cells) {
-    const std::string path = (cells_directory / cell_file_name(cell)).string();
-    cells.push_back(read_json_file(path));
-    cell_figures(cells.back(), path);  // names the file if another process changed it meanwhile
-  }
-  const json document = sweep_document(manifest, cells);
-  write_file_atomically((directory / "summary.json").string(), document.dump() + "\n");
-  if (!options.quiet) print_fits(document.at("summary"));
+  write_summary(options, manifest, all_cells, directory);
   return 0;
 }
 }  // namespace

@@ -170,31 +170,13 @@ json config_to_json(const ArchResult& result) {
                  {"update_rule", std::string(arch.update_rule)},
                  {"final_norm", std::string(arch.final_norm)},
                  {"citation", std::string(arch.citation)},
-                 {"provisional", arch.provisional},
-                 {"blocks", c.blocks},
-                 {"sublayers", c.sublayers()},
-                 {"block", to_string(c.block)},
-                 {"width", c.width},
-                 {"heads", c.heads},
-                 {"head_dim", c.head_dim()},
-                 {"ffn_hidden", c.ffn_hidden()},
-                 {"seq", c.seq},
-                 {"norm", to_string(c.norm)},
-                 {"norm_eps", kNormEps},
-                 {"init", to_string(c.init)},
-                 {"precision", to_string(c.precision)},
-                 {"branch", to_string(c.branch)},
-                 {"probes", c.probes},
-                 {"input_corr", c.input_corr},
-                 {"angles", c.angles_all ? "all" : "consecutive"},
-                 {"spectrum", c.spectrum},
-                 {"exact_jacobian", c.exact_jacobian},
-                 {"seeds", seeds},
-                 {"streams", json::array()},
-                 {"constants", constants}};
+                 {"provisional", arch.provisional}};
+  config.update(run_config_fields(c));
+  config["seeds"] = seeds;
+  config["streams"] = json::array();
+  config["constants"] = constants;
   for (const auto name : arch.streams) config["streams"].push_back(std::string(name));
-  if (arch.id == "keel") config["keel_variant"] = c.keel_variant;
-  if (c.norm == NormKind::dyt) config["dyt_alpha"] = kDytAlpha;
+  add_run_config_options(config, arch, c);
   return config;
 }
 

@@ -41,21 +41,15 @@ json cell_document(const ArchResult& result) {
   return doc;
 }
 
-json sweep_model_to_json(const ModelConfig& c) {
-  json model = {{"block", to_string(c.block)},
-                {"heads", c.heads},
-                {"seq", c.seq},
-                {"norm", to_string(c.norm)},
-                {"norm_eps", kNormEps},
-                {"init", to_string(c.init)},
-                {"precision", to_string(c.precision)},
-                {"branch", to_string(c.branch)},
-                {"probes", c.probes},
-                {"input_corr", c.input_corr},
-                {"alpha", c.alpha ? json(*c.alpha) : json("paper's constant")},
-                {"keel_variant", c.keel_variant}};
-  if (c.norm == NormKind::dyt) model["dyt_alpha"] = kDytAlpha;
-  return model;
+std::string first_difference(const json& a, const json& b, const std::string& prefix) {
+  for (const auto& [key, value] : a.items()) {
+    if (!b.contains(key)) return fmt::format("{}{}: {} vs absent", prefix, key, value.dump());
+    if (value != b.at(key)) return fmt::format("{}{}: {} vs {}", prefix, key, value.dump(), b.at(key).dump());
+  }
+  for (const auto& [key, value] : b.items()) {
+    if (!a.contains(key)) return fmt::format("{}{}: absent vs {}", prefix, key, value.dump());
+  }
+  return {};
 }
 
 json sweep_manifest(const SweepGrid& grid, const ModelConfig& config) {
@@ -94,10 +88,10 @@ SweepGrid grid_from_manifest(const json& manifest, const std::string& origin) {
     const json& model = manifest.at("model");
     if (!model.is_object())
       throw InputError(fmt::format("{}: \"model\" is {}, not an object", origin, model.type_name()));
-    for (const char* field :
-         {"block", "heads", "seq", "norm", "init", "precision", "branch", "probes", "input_corr"}) {
-      if (!model.contains(field))
-        throw InputError(fmt::format("{}: not a gradflow sweep manifest (model lacks {:?})", origin, field));
+    for (const ConfigField& field : config_fields()) {
+      if (field.in_sweep_model && field.compared && !model.contains(std::string(field.key)))
+        throw InputError(
+            fmt::format("{}: not a gradflow sweep manifest (model lacks {:?})", origin, field.key));
     }
   } catch (const json::exception& error) {
     throw InputError(fmt::format("{}: not a gradflow sweep manifest ({})", origin, error.what()));

@@ -71,7 +71,7 @@ TEST_CASE("rezero: with a = 0 the stack is the identity at init (x_S == x_0, eve
   CHECK(std::abs(result.growth.exponent) < 1e-12);  // every state has the same rms: slope 0 up to rounding
 
   ModelConfig moving = config;  // --rezero-alpha turns the branches on
-  moving.rezero_alpha = 0.5;
+  moving.options["rezero_alpha"] = 0.5;
   CHECK(constant("rezero", moving, "alpha") == 0.5);
   CHECK(run("rezero", moving).states.at(Figure::rms)[config.sublayers()] != rms[0]);
 }

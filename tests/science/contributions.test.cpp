@@ -36,7 +36,7 @@ TEST_CASE("every placement flagged additive decomposes its final stream exactly 
   config.width = 16;
   config.seq = 4;
   config.precision = Precision::f64;
-  config.rezero_alpha = 0.5;  // a non-trivial rezero stack
+  config.options["rezero_alpha"] = 0.5;  // a non-trivial rezero stack
   int additive = 0;
   for (const Architecture& arch : architectures()) {
     if (!arch.additive_stream) continue;

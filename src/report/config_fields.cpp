@@ -1,0 +1,106 @@
+// The model configuration as the documents record it: the one field list that analyze's per-run
+// "config", a sweep's "model", the manifest check and `check`'s comparison all loop over.
+#include "gradflow/architecture.hpp"
+#include "gradflow/report.hpp"
+
+namespace gradflow {
+
+using json = nlohmann::ordered_json;
+
+const std::vector<ConfigField>& config_fields() {
+  // In document order. Depth and width (and what derives from them) vary per sweep cell; the
+  // optional analyses are analyze's only; the derived sizes and norm_eps are not compared.
+  static const std::vector<ConfigField> fields = {
+      {"blocks", "--depth", [](const ModelConfig& c) { return json(c.blocks); }, false, true},
+      {"sublayers", "--depth/--block", [](const ModelConfig& c) { return json(c.sublayers()); }, false, true},
+      {"block", "--block", [](const ModelConfig& c) { return json(to_string(c.block)); }, true, true},
+      {"width", "--width", [](const ModelConfig& c) { return json(c.width); }, false, true},
+      {"heads", "--heads", [](const ModelConfig& c) { return json(c.heads); }, true, true},
+      {"head_dim", "--width/--heads", [](const ModelConfig& c) { return json(c.head_dim()); }, false, false},
+      {"ffn_hidden", "--width", [](const ModelConfig& c) { return json(c.ffn_hidden()); }, false, false},
+      {"seq", "--seq", [](const ModelConfig& c) { return json(c.seq); }, true, true},
+      {"norm", "--norm", [](const ModelConfig& c) { return json(to_string(c.norm)); }, true, true},
+      {"norm_eps", "", [](const ModelConfig&) { return json(kNormEps); }, true, false},
+      {"init", "--init", [](const ModelConfig& c) { return json(to_string(c.init)); }, true, true},
+      {"precision", "--precision", [](const ModelConfig& c) { return json(to_string(c.precision)); }, true,
+       true},
+      {"branch", "--ideal-branch", [](const ModelConfig& c) { return json(to_string(c.branch)); }, true,
+       true},
+      {"probes", "--probes", [](const ModelConfig& c) { return json(c.probes); }, true, true},
+      {"input_corr", "--input-corr", [](const ModelConfig& c) { return json(c.input_corr); }, true, true},
+      {"angles", "--angles", [](const ModelConfig& c) { return json(c.angles_all ? "all" : "consecutive"); },
+       false, false},
+      {"spectrum", "--spectrum", [](const ModelConfig& c) { return json(c.spectrum); }, false, false},
+      {"exact_jacobian", "--exact-jacobian", [](const ModelConfig& c) { return json(c.exact_jacobian); },
+       false, false},
+  };
+  return fields;
+}
+
+namespace {
+json option_to_json(const OptionValue& value) {
+  return std::visit([](const auto& v) { return json(v); }, value);
+}
+
+// The option's value in `config`: as given, else its default (or, when the default depends on
+// the placement, the text saying so).
+json option_value(const PlacementOption& option, const ModelConfig& config) {
+  if (const auto given = config.options.find(option.key); given != config.options.end())
+    return option_to_json(given->second);
+  if (option.default_value) return option_to_json(*option.default_value);
+  return json(std::string(option.default_text));
+}
+
+// Constants of the norm that only some norms have (DyT's alpha), last in both documents.
+void add_norm_constants(json& out, const ModelConfig& config) {
+  if (config.norm == NormKind::dyt) out["dyt_alpha"] = kDytAlpha;
+}
+}  // namespace
+
+json run_config_fields(const ModelConfig& config) {
+  json out = json::object();
+  for (const ConfigField& field : config_fields()) out[std::string(field.key)] = field.value(config);
+  return out;
+}
+
+void add_run_config_options(json& out, const Architecture& arch, const ModelConfig& config) {
+  for (const PlacementOption& option : arch.options) {
+    if (option.in_run_config) out[std::string(option.key)] = option_value(option, config);
+  }
+  add_norm_constants(out, config);
+}
+
+json sweep_model_to_json(const ModelConfig& config) {
+  json model = json::object();
+  for (const ConfigField& field : config_fields()) {
+    if (field.in_sweep_model) model[std::string(field.key)] = field.value(config);
+  }
+  for (const PlacementOption* option : placement_options()) {
+    if (option->in_sweep_model) model[std::string(option->key)] = option_value(*option, config);
+  }
+  add_norm_constants(model, config);
+  return model;
+}
+
+std::vector<std::string> compared_config_keys() {
+  std::vector<std::string> keys;
+  for (const ConfigField& field : config_fields()) {
+    if (field.compared) keys.emplace_back(field.key);
+  }
+  for (const PlacementOption* option : placement_options()) {
+    if (option->in_run_config) keys.emplace_back(option->key);
+  }
+  return keys;
+}
+
+std::string config_flag(std::string_view key) {
+  for (const ConfigField& field : config_fields()) {
+    if (field.key == key) return std::string(field.flag.empty() ? key : field.flag);
+  }
+  for (const PlacementOption* option : placement_options()) {
+    if (option->key == key) return std::string(option->flag);
+  }
+  return std::string(key);
+}
+
+}  // namespace gradflow

@@ -1,0 +1,86 @@
+// The configuration in documents: analyze's per-run config, the sweep model, check's compared keys
+// and the CSV header, all from config_fields() and the placements' options.
+#include <doctest/doctest.h>
+
+#include <sstream>
+
+#include "gradflow/report.hpp"
+#include "gradflow/runner.hpp"
+
+using namespace gradflow;
+
+namespace {
+std::vector<std::string> keys(const nlohmann::ordered_json& object) {
+  std::vector<std::string> out;
+  for (const auto& [key, value] : object.items()) out.push_back(key);
+  return out;
+}
+
+ArchResult tiny_result(std::string_view arch) {
+  ModelConfig config;
+  config.blocks = 2, config.width = 16, config.heads = 2, config.seq = 4;
+  std::vector<ArchResult> results = plan_analysis(config, {&find_architecture(arch)}, {0});
+  run_analysis(results, {1, 1, {}});
+  return results.front();
+}
+}  // namespace
+
+TEST_CASE("a run's config lists the fields in document order, keel_variant for keel only") {
+  const std::vector<std::string> common = {
+      "arch",     "update_rule",    "final_norm", "citation", "provisional", "blocks",     "sublayers",
+      "block",    "width",          "heads",      "head_dim", "ffn_hidden",  "seq",        "norm",
+      "norm_eps", "init",           "precision",  "branch",   "probes",      "input_corr", "angles",
+      "spectrum", "exact_jacobian", "seeds",      "streams",  "constants"};
+  ArchResult pre_ln;
+  pre_ln.arch = &find_architecture("pre-ln");
+  CHECK(keys(config_to_json(pre_ln)) == common);
+  ArchResult keel;
+  keel.arch = &find_architecture("keel");
+  keel.config.options["keel_variant"] = std::string("v1");
+  keel.config.norm = NormKind::dyt;
+  std::vector<std::string> with_options = common;
+  with_options.push_back("keel_variant");
+  with_options.push_back("dyt_alpha");
+  const nlohmann::ordered_json config = config_to_json(keel);
+  CHECK(keys(config) == with_options);
+  CHECK(config.at("keel_variant") == "v1");
+}
+
+TEST_CASE("the sweep model holds the fields every cell shares and the options recorded there") {
+  ModelConfig model;
+  const nlohmann::ordered_json json = sweep_model_to_json(model);
+  CHECK(keys(json) == std::vector<std::string>{"block", "heads", "seq", "norm", "norm_eps", "init",
+                                               "precision", "branch", "probes", "input_corr", "alpha",
+                                               "keel_variant"});
+  CHECK(json.at("alpha") == "paper's constant");  // unset: the placement's own constant
+  CHECK(json.at("keel_variant") == "v2");
+  model.options["alpha"] = 3.0;
+  CHECK(sweep_model_to_json(model).at("alpha") == 3.0);
+}
+
+TEST_CASE("check compares the configuration fields that change what a run measures") {
+  CHECK(compared_config_keys() == std::vector<std::string>{"blocks", "sublayers", "block", "width", "heads",
+                                                           "seq", "norm", "init", "precision", "branch",
+                                                           "probes", "input_corr", "keel_variant"});
+  CHECK(config_flag("blocks") == "--depth");
+  CHECK(config_flag("keel_variant") == "--keel-variant");
+  CHECK(config_flag("norm_eps") == "norm_eps");  // no flag sets it
+}
+
+TEST_CASE("reporters on a small result: JSON sections and the CSV header") {
+  AnalysisReport report;
+  report.results.push_back(tiny_result("pre-ln"));
+  report.timing = false;
+  const nlohmann::ordered_json document = report_to_json(report);
+  CHECK(keys(document) == std::vector<std::string>{"schema_version", "tool", "command", "runs"});
+  const nlohmann::ordered_json& run = document.at("runs").at(0);
+  CHECK(keys(run) == std::vector<std::string>{"arch", "config", "seeds", "aggregate"});
+  CHECK(keys(run.at("seeds").at(0)) == std::vector<std::string>{"seed", "states", "sublayers", "summary"});
+  CHECK(run.at("seeds").at(0).at("states").at("rms").size() == 5);  // S + 1 states, S = 4
+  std::ostringstream csv;
+  write_csv(report, csv);
+  const std::string header = csv.str().substr(0, csv.str().find("\r\n"));
+  CHECK(header.starts_with(
+      "arch,blocks,sublayers,width,heads,seq,norm,init,precision,seed,index,kind,block,rms,"));
+  CHECK(header.find(",gain,") != std::string::npos);
+}
