@@ -7,6 +7,8 @@ Every piece has a library path that the same binary selects through GRADFLOW_KER
   radius    the AVX-512 Box-Muller radius (src/rng.cpp)     vs Eigen's vectorised log and sqrt
   sterf     the port of LAPACK's DSTERF                     vs LAPACK's dsterf (OpenBLAS's LAPACK)
   shards    ShardPair's second thread (src/shards.cpp)      vs an OpenMP region of two threads per op
+            (run with OMP_WAIT_POLICY=passive: libgomp's default spinning was slower still here,
+            5.6 s against 0.69 s at depth 64)
 The machine is shared and noisy, so the runs are interleaved: each round runs the hand-written
 configuration and every library configuration once, in a rotating order, and each is reported by
 its median over the rounds. A piece is kept when its library path is at least 5% slower
@@ -51,6 +53,8 @@ def run(binary, kernels):
     env.pop("GRADFLOW_KERNELS", None)
     if kernels:
         env["GRADFLOW_KERNELS"] = kernels
+    if kernels == "shards":
+        env["OMP_WAIT_POLICY"] = "passive"
     start = time.perf_counter()
     proc = subprocess.run([binary, *RUN], capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - start
