@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "gradflow/kernels.hpp"
+
 namespace gradflow {
 
 namespace {
@@ -147,7 +149,7 @@ void box_muller_angle(const float* u, float* sine, float* cosine, std::size_t co
 
 void box_muller_radius(const float* u, float* radius, std::size_t count) {
 #if defined(__AVX512F__)
-  if (count % 16 == 0) {
+  if (count % 16 == 0 && kernel_choice().radius_packet) {
     for (std::size_t j = 0; j < count; j += 16)
       _mm512_storeu_ps(radius + j, radius_packet(_mm512_loadu_ps(u + j)));
     return;

@@ -8,41 +8,42 @@
 #include "gradflow/shards.hpp"
 
 #include <immintrin.h>
+#include <omp.h>
 
-#if defined(GRADFLOW_OPENBLAS)
-extern "C" {
-void openblas_set_num_threads(int threads);
-// The pthread build's own fork handler: joins its worker pool. Weak, since other builds of the
-// library (serial, OpenMP) have no pool and no such symbol.
-[[gnu::weak]] void blas_thread_shutdown_(void);
-}
-#endif
+#include "gradflow/kernels.hpp"
 
 namespace gradflow {
 
 namespace {
-#if defined(GRADFLOW_OPENBLAS)
-// Every matrix product runs on the thread that calls it: gradflow's two shards already use both
-// cores, and a product that OpenBLAS split over its own threads could round differently with the
-// thread count. Set once, when the core library is loaded (this file is always linked: every op
-// goes through run_shards). The pthread build has already started a worker per core by then, and
-// an idle worker spins for about 0.1 s before it sleeps; with one thread per call the workers are
-// never used, so they are joined now (after which single-threaded calls run inline, as in a fork).
-bool single_threaded_blas() {
-  openblas_set_num_threads(1);
-  if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
-  return true;
-}
-const bool kBlasSingleThreaded = single_threaded_blas();
-#endif
-
 // About 50 microseconds of spinning with nothing to do before sleeping: longer than the gap
 // between two ops of one sublayer, much shorter than a scheduler time slice.
 constexpr int kSpinIterations = 2000;
 }  // namespace
 
-ShardPair::ShardPair(bool second_core) {
-  if (second_core) worker_ = std::thread([this] { worker_loop(); });
+ShardPair::ShardPair(bool second_core) : ShardPair(second_core, !kernel_choice().shard_pair) {}
+
+ShardPair::ShardPair(bool second_core, bool on_openmp) : openmp_(second_core && on_openmp) {
+  if (second_core && !openmp_) worker_ = std::thread([this] { worker_loop(); });
+}
+
+void ShardPair::run_on_openmp() {
+  std::exception_ptr failures[kShards];
+#pragma omp parallel num_threads(kShards)
+  {
+    const int shard = omp_get_thread_num();
+    try {
+      if (omp_get_num_threads() == kShards) {
+        task_(context_, shard);
+      } else if (shard == 0) {
+        for (int s = 0; s < kShards; ++s) task_(context_, s);
+      }
+    } catch (...) {
+      failures[shard] = std::current_exception();
+    }
+  }
+  for (const std::exception_ptr& failure : failures) {
+    if (failure) std::rethrow_exception(failure);
+  }
 }
 
 ShardPair::~ShardPair() {

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "gradflow/kernels.hpp"
+
 namespace gradflow {
 namespace detail {
 namespace {
@@ -289,6 +291,25 @@ int sterf(Eigen::Index n, double* d, double* e) {
 
 }  // namespace detail
 
+namespace {
+#if defined(GRADFLOW_OPENBLAS)
+extern "C" void dsterf_(const int* n, double* d, double* e, int* info);  // LAPACK, in OpenBLAS
+#endif
+
+// The port, or LAPACK's own DSTERF when the kernel choice asks for the library (kernels.hpp).
+int sterf_of_choice(Eigen::Index n, double* d, double* e) {
+#if defined(GRADFLOW_OPENBLAS)
+  if (!kernel_choice().sterf_port) {
+    const int size = static_cast<int>(n);
+    int info = 0;
+    dsterf_(&size, d, e, &info);
+    return info;
+  }
+#endif
+  return detail::sterf(n, d, e);
+}
+}  // namespace
+
 bool symmetric_eigenvalues(Eigen::MatrixXd& lower, Eigen::VectorXd& eigenvalues) {
   const Eigen::Index n = lower.rows();
   if (lower.cols() != n) return false;
@@ -311,7 +332,7 @@ bool symmetric_eigenvalues(Eigen::MatrixXd& lower, Eigen::VectorXd& eigenvalues)
   Eigen::internal::tridiagonalization_inplace(lower, eigenvalues, subdiag, hcoeffs,
                                               /*extractQ=*/false);
 
-  if (detail::sterf(n, eigenvalues.data(), subdiag.data()) > 0) return false;
+  if (sterf_of_choice(n, eigenvalues.data(), subdiag.data()) > 0) return false;
   eigenvalues *= scale;
   return true;
 }

@@ -2,12 +2,15 @@
 //
 // In float on AVX-512, register-tiled kernels (src/gemm.cpp) that read B where it lies: a BLAS
 // copies ("packs") the whole weight matrix into its own layout on every call, and with T = 64
-// token rows that copy costs a fifth of the multiply. Everywhere else, Eigen's product (BLAS when
-// built with it). Each entry of C is one sum over k in increasing order, so the bits do not depend
-// on how the caller splits C between threads.
+// token rows that copy costs a fifth of the multiply. On other builds a plain loop (src/gemm.cpp).
+// Either way each entry of C is one sum over k in increasing order, so the bits do not depend on
+// how the caller splits C between threads. Double products and column-major operands go to
+// Eigen's product (BLAS when built with it).
 #pragma once
 #include <Eigen/Core>
 #include <type_traits>
+
+#include "gradflow/kernels.hpp"
 
 namespace gradflow {
 
@@ -16,7 +19,7 @@ enum class Operands { a_b, a_bt, at_b };
 
 // C (+)= A B with A (m, k), B (k, n); C (+)= A B^T with B (n, k); or C (+)= A^T B with A (k, m).
 // C is (m, n). Row-major with unit column stride; ld* are the row strides in elements. AVX-512
-// builds only.
+// register tiles, or a plain loop on other builds; either way each entry is one sum over k in order.
 void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
                   Eigen::Index ldc, Eigen::Index m, Eigen::Index n, Eigen::Index k, Operands operands,
                   bool accumulate);
@@ -43,27 +46,29 @@ namespace detail {
 template <Operands Form, typename A, typename B, typename C>
 void multiply(const A& a, const B& b, C&& c, bool accumulate) {
   using Scalar = typename std::decay_t<C>::Scalar;
-  if constexpr (kTiledMultiply && std::is_same_v<Scalar, float> && A::IsRowMajor && B::IsRowMajor &&
+  if constexpr (std::is_same_v<Scalar, float> && A::IsRowMajor && B::IsRowMajor &&
                 std::decay_t<C>::IsRowMajor && A::InnerStrideAtCompileTime == 1 &&
                 B::InnerStrideAtCompileTime == 1 && std::decay_t<C>::InnerStrideAtCompileTime == 1) {
     const Eigen::Index k = Form == Operands::at_b ? a.rows() : a.cols();
     eigen_assert(k == (Form == Operands::a_bt ? b.cols() : b.rows()));
     eigen_assert(c.rows() == (Form == Operands::at_b ? a.cols() : a.rows()));
     eigen_assert(c.cols() == (Form == Operands::a_bt ? b.rows() : b.cols()));
-    multiply_f32(a.data(), a.outerStride(), b.data(), b.outerStride(), c.data(), c.outerStride(), c.rows(),
-                 c.cols(), k, Form, accumulate);
-  } else {
-    const auto product = [&](const auto& left, const auto& right) {
-      if (accumulate) {
-        c.noalias() += left * right;
-      } else {
-        c.noalias() = left * right;
-      }
-    };
-    if constexpr (Form == Operands::a_b) product(a, b);
-    if constexpr (Form == Operands::a_bt) product(a, b.transpose());
-    if constexpr (Form == Operands::at_b) product(a.transpose(), b);
+    if (!kTiledMultiply || kernel_choice().tiled_products) {
+      multiply_f32(a.data(), a.outerStride(), b.data(), b.outerStride(), c.data(), c.outerStride(), c.rows(),
+                   c.cols(), k, Form, accumulate);
+      return;
+    }
   }
+  const auto product = [&](const auto& left, const auto& right) {
+    if (accumulate) {
+      c.noalias() += left * right;
+    } else {
+      c.noalias() = left * right;
+    }
+  };
+  if constexpr (Form == Operands::a_b) product(a, b);
+  if constexpr (Form == Operands::a_bt) product(a, b.transpose());
+  if constexpr (Form == Operands::at_b) product(a.transpose(), b);
 }
 }  // namespace detail
 

@@ -31,8 +31,11 @@ class ShardPair {
  public:
   static constexpr int kShards = 2;
 
-  // second_core = false runs both shards on the calling thread.
+  // second_core = false runs both shards on the calling thread. With a second core, the shards
+  // run on ShardPair's own second thread, or with on_openmp in an OpenMP region of two threads per
+  // op (the library path, kernels.hpp; no idle work is done then). By default as kernel_choice().
   explicit ShardPair(bool second_core);
+  ShardPair(bool second_core, bool on_openmp);
   ~ShardPair();
   ShardPair(const ShardPair&) = delete;
   ShardPair& operator=(const ShardPair&) = delete;
@@ -51,18 +54,22 @@ class ShardPair {
   // then rethrows the first exception on the calling thread.
   template <typename Work>
   void run(Work&& work) {
+    using Callable = std::remove_reference_t<Work>;
+    task_ = [](void* context, int shard) { (*static_cast<Callable*>(context))(shard); };
+    context_ = const_cast<void*>(static_cast<const void*>(&work));
+    if (openmp_) return run_on_openmp();
     if (!worker_.joinable()) {
       work(0);
       work(1);
       return;
     }
-    using Callable = std::remove_reference_t<Work>;
-    task_ = [](void* context, int shard) { (*static_cast<Callable*>(context))(shard); };
-    context_ = const_cast<void*>(static_cast<const void*>(&work));
     dispatch_and_wait([&] { work(0); });
   }
 
  private:
+  // The library path (kernels.hpp, shard_pair = false): an OpenMP parallel region of two threads
+  // per op, no idle work.
+  void run_on_openmp();
   template <typename Own>
   void dispatch_and_wait(Own&& own) {
     const std::uint32_t epoch = posted_.load(std::memory_order_relaxed) + 1;
@@ -100,6 +107,7 @@ class ShardPair {
   // What shard 1 threw on the second core; written before finished_ is released, read after.
   std::exception_ptr worker_failure_;
   std::thread worker_;
+  bool openmp_ = false;
 };
 
 // Runs work(0) and work(1) on `shards`, or one after the other when shards is null: callers

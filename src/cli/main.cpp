@@ -10,9 +10,11 @@
 
 #include "commands.hpp"
 #include "gradflow/errors.hpp"
+#include "gradflow/kernels.hpp"
 
 int main(int argc, char** argv) {
   using gradflow::ExitCode;
+  gradflow::use_single_threaded_blas();  // the library leaves OpenBLAS's threads alone (kernels.hpp)
   CLI::App app{"gradflow: signal and gradient flow in deep Transformer stacks, measured exactly at depth."};
   app.set_version_flag("--version", std::string("gradflow ") + GRADFLOW_VERSION);
   app.require_subcommand(1);

@@ -104,6 +104,66 @@ void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
   if (with_output) out = cache.partials.output[0] + cache.partials.output[1];  // (T, d)
 }
 
+namespace {
+// Back through head h's softmax attention for the probe whose rows are `probe` (llm.c's
+// attention_backward, per head): d_v = P^T dC, dP = dC V^T, the softmax backward
+// dS = P (dP - rowsum(dP P)) (masked entries have P = 0), then d_q = s dS K and d_k = s dS^T Q.
+template <typename Scalar>
+void head_backward(AttentionCache<Scalar>& cache, int shard, Eigen::Index h, Eigen::Index head_dim,
+                   Eigen::Index first_row, Eigen::Index tokens, Scalar scale) {
+  const Mat<Scalar>& probs = cache.probs[h];
+  const auto d_context = cache.d_context.block(first_row, h * head_dim, tokens, head_dim);
+  Mat<Scalar>& d_probs = cache.d_probs[shard];
+  Mat<Scalar>& d_scores = cache.d_scores[shard];
+  d_probs.resize(tokens, tokens);
+  multiply_transposed(d_context, cache.v.middleCols(h * head_dim, head_dim), d_probs);  // (T, T)
+  multiply_first_transposed(probs, d_context, cache.d_v.block(first_row, h * head_dim, tokens, head_dim));
+  Vec<Scalar>& row_dot = cache.row_dot[shard];
+  row_dot.noalias() = (d_probs.array() * probs.array()).rowwise().sum().matrix();
+  d_scores = (probs.array() * (d_probs.colwise() - row_dot).array()) * scale;
+  multiply(d_scores, cache.k.middleCols(h * head_dim, head_dim),
+           cache.d_q.block(first_row, h * head_dim, tokens, head_dim));
+  multiply_first_transposed(d_scores, cache.q.middleCols(h * head_dim, head_dim),
+                            cache.d_k.block(first_row, h * head_dim, tokens, head_dim));
+}
+
+// <d_out_k, C W_O> = <d_out_k W_O^T, C> over the shard's columns [begin, begin + size), per probe k.
+template <typename Scalar>
+void output_dots_of_shard(AttentionCache<Scalar>& cache, int shard, Eigen::Index begin, Eigen::Index size,
+                          Eigen::Index tokens, Eigen::Index probes) {
+  auto& dots = cache.partials.output_dots[shard];
+  dots.assign(probes, 0.0);
+  const auto context = cache.context.middleCols(begin, size);
+  for (Eigen::Index k = 0; k < probes; ++k) {
+    dots[k] = row_major_dot(cache.d_context.block(k * tokens, begin, tokens, size), context);
+  }
+}
+
+// The parameter-gradient Gram trick: for Y = X W, ||dW||^2 = ||X^T dY||^2 = <X X^T, dY dY^T>,
+// two (T, T) Gram matrices instead of a (d, d) product, summed over the shard's columns of dY.
+// W_O's input C is the shard's columns of the context; W_Q, W_K and W_V share their input x.
+template <typename Scalar>
+void attention_param_grad_squares(AttentionCache<Scalar>& cache, int shard, Eigen::Index begin,
+                                  Eigen::Index size, Eigen::Index tokens, Eigen::Index probes,
+                                  const Mat<Scalar>& d_q_raw, const Mat<Scalar>& d_k_raw,
+                                  const Mat<Scalar>& d_v_raw) {
+  auto& squares = cache.partials.param_grads[shard];
+  for (Eigen::Index k = 0; k < probes; ++k) {  // W_O: its rows of this shard, <C C^T, dY dY^T>
+    squares[k] += symmetric_inner(cache.grams[shard][0], cache.shared_grams[1 + k]);
+  }
+  const Mat<Scalar>& x_gram = cache.shared_grams[0];
+  Mat<Scalar>& output_gram = cache.grams[shard][1];
+  for (const Mat<Scalar>* d_raw : {&d_q_raw, &d_k_raw, &d_v_raw}) {
+    for (Eigen::Index k = 0; k < probes; ++k) {
+      lower_gram<Scalar>(d_raw->block(k * tokens, begin, tokens, size), output_gram);
+      squares[k] += symmetric_inner(x_gram, output_gram);
+    }
+  }
+}
+}  // namespace
+
+// The backward of attention_forward (llm.c's attention_backward), split like the forward in two
+// shards of heads, each phase summing the shards' partials in a fixed order.
 template <typename Scalar>
 void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                         const AttentionOptions& options, AttentionCache<Scalar>& cache,
@@ -114,47 +174,16 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
   const Scalar scale = static_cast<Scalar>(options.score_scale);
   for (Mat<Scalar>* m : {&cache.d_context, &cache.d_q, &cache.d_k, &cache.d_v}) m->resize(rows, width);
   if (param_grads) cache.shared_grams.resize(1 + probes);
-  // ||dW||^2 = <input input^T, d_output d_output^T> over one shard's columns of d_output.
-  const auto add_param_grads = [&](int shard, const Mat<Scalar>& input_gram, const auto& d_output) {
-    Mat<Scalar>& output_gram = cache.grams[shard][1];
-    for (Eigen::Index k = 0; k < probes; ++k) {
-      lower_gram<Scalar>(d_output.middleRows(k * tokens, tokens), output_gram);
-      cache.partials.param_grads[shard][k] += symmetric_inner(input_gram, output_gram);
-    }
-  };
-  // Phase 1: back through this shard's rows of W_O and its heads.
+  // Phase 1: back through this shard's rows of W_O (dC = dY W_O^T) and its heads.
   run_shards(shards, [&](int shard) {
     const ShardRange heads = head_range(options.heads, shard);
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
     cache.partials.param_grads[shard].assign(probes, 0.0);
     multiply_transposed(d_out, w.w_o.middleRows(begin, size), cache.d_context.middleCols(begin, size));
-    if (output_dots) {  // <d_out, C W_O> = <d_out W_O^T, C> over this shard's heads
-      auto& dots = cache.partials.output_dots[shard];
-      dots.assign(probes, 0.0);
-      const auto context = cache.context.middleCols(begin, size);
-      for (Eigen::Index k = 0; k < probes; ++k) {
-        dots[k] = row_major_dot(cache.d_context.block(k * tokens, begin, tokens, size), context);
-      }
-    }
-    Mat<Scalar>& d_probs = cache.d_probs[shard];
-    Mat<Scalar>& d_scores = cache.d_scores[shard];
+    if (output_dots) output_dots_of_shard(cache, shard, begin, size, tokens, probes);
     for (Eigen::Index k = 0; k < probes; ++k) {
-      for (auto h = heads.begin; h < heads.end; ++h) {
-        const Mat<Scalar>& probs = cache.probs[h];
-        const auto d_context = cache.d_context.block(k * tokens, h * head_dim, tokens, head_dim);
-        d_probs.resize(tokens, tokens);
-        multiply_transposed(d_context, cache.v.middleCols(h * head_dim, head_dim), d_probs);  // (T, T)
-        multiply_first_transposed(probs, d_context,
-                                  cache.d_v.block(k * tokens, h * head_dim, tokens, head_dim));
-        // softmax backward: dS = P (dP - rowsum(dP P)); masked entries have P = 0.
-        Vec<Scalar>& row_dot = cache.row_dot[shard];
-        row_dot.noalias() = (d_probs.array() * probs.array()).rowwise().sum().matrix();
-        d_scores = (probs.array() * (d_probs.colwise() - row_dot).array()) * scale;
-        multiply(d_scores, cache.k.middleCols(h * head_dim, head_dim),
-                 cache.d_q.block(k * tokens, h * head_dim, tokens, head_dim));
-        multiply_first_transposed(d_scores, cache.q.middleCols(h * head_dim, head_dim),
-                                  cache.d_k.block(k * tokens, h * head_dim, tokens, head_dim));
-      }
+      for (auto h = heads.begin; h < heads.end; ++h)
+        head_backward(cache, shard, h, head_dim, k * tokens, tokens, scale);
     }
     if (!param_grads) return;
     lower_gram<Scalar>(cache.context.middleCols(begin, size), cache.grams[shard][0]);
@@ -164,7 +193,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
   const auto& d_q_raw = projection_backward(options, false, cache.q, cache.q_inv, cache.d_q, cache.d_q_raw);
   const auto& d_k_raw = projection_backward(options, false, cache.k, cache.k_inv, cache.d_k, cache.d_k_raw);
   const auto& d_v_raw = projection_backward(options, true, cache.v, cache.v_inv, cache.d_v, cache.d_v_raw);
-  // Phase 2: this shard's columns of W_Q, W_K and W_V, as a partial sum of dx.
+  // Phase 2: dx = dQ W_Q^T + dK W_K^T + dV W_V^T over this shard's columns, as a partial sum.
   run_shards(shards, [&](int shard) {
     const ShardRange heads = head_range(options.heads, shard);
     const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
@@ -173,15 +202,8 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     multiply_transposed(d_q_raw.middleCols(begin, size), w.w_q.middleCols(begin, size), partial);
     multiply_transposed(d_k_raw.middleCols(begin, size), w.w_k.middleCols(begin, size), partial, true);
     multiply_transposed(d_v_raw.middleCols(begin, size), w.w_v.middleCols(begin, size), partial, true);
-    if (!param_grads) return;
-    auto& squares = cache.partials.param_grads[shard];
-    for (Eigen::Index k = 0; k < probes; ++k) {  // W_O: its rows of this shard, <C C^T, dY dY^T>
-      squares[k] += symmetric_inner(cache.grams[shard][0], cache.shared_grams[1 + k]);
-    }
-    const Mat<Scalar>& x_gram = cache.shared_grams[0];  // W_Q, W_K and W_V share their input x
-    add_param_grads(shard, x_gram, d_q_raw.middleCols(begin, size));
-    add_param_grads(shard, x_gram, d_k_raw.middleCols(begin, size));
-    add_param_grads(shard, x_gram, d_v_raw.middleCols(begin, size));
+    if (param_grads)
+      attention_param_grad_squares(cache, shard, begin, size, tokens, probes, d_q_raw, d_k_raw, d_v_raw);
   });
   cache.partials.add_into(dx, probes, param_grads, output_dots);
 }

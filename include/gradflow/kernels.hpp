@@ -1,0 +1,45 @@
+// The speed layer's one switch: which implementation each of gradflow's hand-written kernels runs
+// on. Every op asks for "a product" (gemm.hpp), "two shards" (shards.hpp), "normal draws" (rng.hpp)
+// or "eigenvalues" (symmetric_eigenvalues.hpp); whether that runs on a hand-written piece or on the
+// library path is decided here, for all of them. The hand-written pieces are kept because each was
+// measured to pay (bench/kernels.py, whose table the issue-16 note reports); the library paths
+// stay selectable so that the measurement can be repeated.
+#pragma once
+#include <string_view>
+
+namespace gradflow {
+
+struct KernelChoice {
+  // Float products and Gram matrices on gradflow's AVX-512 register tiles (src/gemm.cpp), or on
+  // Eigen's product (OpenBLAS's sgemm when built with it). Only AVX-512 builds have the tiles.
+  bool tiled_products = true;
+  // The Box-Muller radius sqrt(-2 ln u) by the AVX-512 packet specialised to the draws' domain
+  // (src/rng.cpp), or by Eigen's vectorised log and sqrt. Same bits either way (tested).
+  bool radius_packet = true;
+  // The tridiagonal eigenvalues of symmetric_eigenvalues by gradflow's port of LAPACK's DSTERF
+  // (src/symmetric_eigenvalues.cpp), or by LAPACK's own dsterf (OpenBLAS's LAPACK).
+  bool sterf_port = true;
+  // An op's two shards on ShardPair's second thread (src/shards.cpp: an epoch/futex handshake,
+  // with the next sublayer's weights drawn while a thread would wait), or in an OpenMP parallel
+  // region of two threads per op (the weights then drawn when needed).
+  bool shard_pair = true;
+};
+
+// The choice every kernel reads. By default every hand-written piece that this build has;
+// GRADFLOW_KERNELS=library in the environment (bench/kernels.py) selects every library path
+// instead, or a comma-separated list of pieces does: products, radius, sterf, shards. Read once, at first
+// use.
+const KernelChoice& kernel_choice();
+
+// The choice that a GRADFLOW_KERNELS value names ("" for the defaults); throws
+// std::invalid_argument on an unknown piece.
+KernelChoice parse_kernel_choice(std::string_view pieces);
+
+// Every matrix product on the thread that calls it: OpenBLAS set to one thread and its worker pool
+// joined. gradflow's two shards already use both cores, and a product that OpenBLAS split over its
+// own threads could round differently with the thread count. This changes process-wide OpenBLAS
+// state, so the library never calls it: the program does, once, at start-up (src/cli/main.cpp,
+// tests/main.test.cpp). Without GRADFLOW_OPENBLAS it does nothing.
+void use_single_threaded_blas();
+
+}  // namespace gradflow

@@ -1,0 +1,58 @@
+// kernel_choice(): the hand-written pieces by default, library paths on request (kernels.hpp);
+// and the one call that reconfigures OpenBLAS, made by the CLI.
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "gradflow/gemm.hpp"
+#include "gradflow/kernels.hpp"
+
+#if defined(GRADFLOW_OPENBLAS)
+extern "C" {
+void openblas_set_num_threads(int threads);
+// The pthread build's own fork handler: joins its worker pool. Weak, since other builds of the
+// library (serial, OpenMP) have no pool and no such symbol.
+[[gnu::weak]] void blas_thread_shutdown_(void);
+}
+#endif
+
+namespace gradflow {
+
+KernelChoice parse_kernel_choice(std::string_view pieces) {
+  KernelChoice choice;
+  choice.tiled_products = kTiledMultiply;
+  while (!pieces.empty()) {
+    const auto comma = pieces.find(',');
+    const std::string_view piece = pieces.substr(0, comma);
+    pieces = comma == std::string_view::npos ? std::string_view{} : pieces.substr(comma + 1);
+    const bool all = piece == "library";
+    if (!all && piece != "products" && piece != "radius" && piece != "sterf" && piece != "shards") {
+      throw std::invalid_argument("GRADFLOW_KERNELS: unknown piece '" + std::string(piece) +
+                                  "' (library, products, radius, sterf, shards)");
+    }
+    if (all || piece == "products") choice.tiled_products = false;
+    if (all || piece == "radius") choice.radius_packet = false;
+    if (all || piece == "sterf") choice.sterf_port = false;
+    if (all || piece == "shards") choice.shard_pair = false;
+  }
+  return choice;
+}
+
+const KernelChoice& kernel_choice() {
+  static const KernelChoice choice =
+      parse_kernel_choice(std::getenv("GRADFLOW_KERNELS") ? std::getenv("GRADFLOW_KERNELS") : "");
+  return choice;
+}
+
+// The pthread build of OpenBLAS has started a worker per core by the time main runs, and an idle
+// worker spins for about 0.1 s before it sleeps; with one thread per call the workers are never
+// used, so they are joined (after which single-threaded calls run inline, as in a fork).
+void use_single_threaded_blas() {
+#if defined(GRADFLOW_OPENBLAS)
+  openblas_set_num_threads(1);
+  if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
+#endif
+}
+
+}  // namespace gradflow
