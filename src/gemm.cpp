@@ -284,36 +284,9 @@ void gram_lower_f64(const double*, Eigen::Index, double*, Eigen::Index, Eigen::I
   throw std::logic_error("gram_lower_f64 needs an AVX-512 build");
 }
 
-// The portable product: each C row accumulates a[i, p] B[p, :] for p = 0, 1, ... in turn, so
-// every entry is one sum over k in increasing order, as on the tiled path, and its bits do not
-// depend on how C is split into column blocks (a BLAS picks other kernels, and other summation
-// orders, for narrower blocks). The compiler vectorises the row update across columns.
-void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
-                  Eigen::Index ldc, Eigen::Index m, Eigen::Index n, Eigen::Index k, Operands operands,
-                  bool accumulate) {
-  if (m <= 0 || n <= 0) return;
-  thread_local std::vector<float> b_transposed;
-  if (operands == Operands::a_bt) {  // B (n, k) -> B^T (k, n), so that C = A B^T is a plain A B
-    b_transposed.resize(static_cast<std::size_t>(k * n));
-    for (Eigen::Index j = 0; j < n; ++j) {
-      for (Eigen::Index p = 0; p < k; ++p) b_transposed[p * n + j] = b[j * ldb + p];
-    }
-    b = b_transposed.data();
-    ldb = n;
-  }
-  const bool a_columns = operands == Operands::at_b;  // A^T B: a[i, p] is a[p * lda + i]
-  thread_local std::vector<float> sums;
-  sums.resize(static_cast<std::size_t>(n));
-  for (Eigen::Index i = 0; i < m; ++i) {
-    std::fill(sums.begin(), sums.end(), 0.0f);
-    for (Eigen::Index p = 0; p < k; ++p) {
-      const float x = a_columns ? a[p * lda + i] : a[i * lda + p];
-      const float* y = b + p * ldb;
-      for (Eigen::Index j = 0; j < n; ++j) sums[j] += x * y[j];
-    }
-    float* row = c + i * ldc;  // C (+)= the sums, as the tiles store them
-    for (Eigen::Index j = 0; j < n; ++j) row[j] = accumulate ? row[j] + sums[j] : sums[j];
-  }
+void multiply_f32(const float*, Eigen::Index, const float*, Eigen::Index, float*, Eigen::Index, Eigen::Index,
+                  Eigen::Index, Eigen::Index, Operands, bool) {
+  throw std::logic_error("multiply_f32 needs an AVX-512 build");
 }
 void gram_lower_f32(const float*, Eigen::Index, float*, Eigen::Index, Eigen::Index, Eigen::Index) {
   throw std::logic_error("gram_lower_f32 needs an AVX-512 build");

@@ -2,10 +2,11 @@
 //
 // In float on AVX-512, register-tiled kernels (src/gemm.cpp) that read B where it lies: a BLAS
 // copies ("packs") the whole weight matrix into its own layout on every call, and with T = 64
-// token rows that copy costs a fifth of the multiply. On other builds a plain loop (src/gemm.cpp).
-// Either way each entry of C is one sum over k in increasing order, so the bits do not depend on
-// how the caller splits C between threads. Double products and column-major operands go to
-// Eigen's product (BLAS when built with it).
+// token rows that copy costs a fifth of the multiply. The tiles make each entry of C one sum over k
+// in increasing order, so their bits do not depend on how C is split into column blocks. Other
+// builds, double products and column-major operands go to Eigen's product (OpenBLAS when built with
+// it), whose bits can depend on the block width; results still do not depend on the thread count,
+// because an op's two shards are the same column blocks on one thread or two (shards.hpp).
 #pragma once
 #include <Eigen/Core>
 #include <type_traits>
@@ -19,7 +20,7 @@ enum class Operands { a_b, a_bt, at_b };
 
 // C (+)= A B with A (m, k), B (k, n); C (+)= A B^T with B (n, k); or C (+)= A^T B with A (k, m).
 // C is (m, n). Row-major with unit column stride; ld* are the row strides in elements. AVX-512
-// register tiles, or a plain loop on other builds; either way each entry is one sum over k in order.
+// builds only (the register tiles); each entry is one sum over k in order.
 void multiply_f32(const float* a, Eigen::Index lda, const float* b, Eigen::Index ldb, float* c,
                   Eigen::Index ldc, Eigen::Index m, Eigen::Index n, Eigen::Index k, Operands operands,
                   bool accumulate);
@@ -53,7 +54,7 @@ void multiply(const A& a, const B& b, C&& c, bool accumulate) {
     eigen_assert(k == (Form == Operands::a_bt ? b.cols() : b.rows()));
     eigen_assert(c.rows() == (Form == Operands::at_b ? a.cols() : a.rows()));
     eigen_assert(c.cols() == (Form == Operands::a_bt ? b.rows() : b.cols()));
-    if (!kTiledMultiply || kernel_choice().tiled_products) {
+    if (kernel_choice().tiled_products) {  // false on builds without the tiles
       multiply_f32(a.data(), a.outerStride(), b.data(), b.outerStride(), c.data(), c.outerStride(), c.rows(),
                    c.cols(), k, Form, accumulate);
       return;
