@@ -5,7 +5,6 @@ run that the decision is about, side by side.
 Every piece has a library path that the same binary selects through GRADFLOW_KERNELS (kernels.hpp):
   products  gradflow's AVX-512 tiles (src/gemm.cpp)         vs Eigen's product on OpenBLAS's sgemm
   radius    the AVX-512 Box-Muller radius (src/rng.cpp)     vs Eigen's vectorised log and sqrt
-  sterf     the port of LAPACK's DSTERF                     vs LAPACK's dsterf (OpenBLAS's LAPACK)
   shards    ShardPair's second thread (src/shards.cpp)      vs an OpenMP region of two threads per op
             (run with OMP_WAIT_POLICY=passive: libgomp's default spinning was slower still here,
             5.6 s against 0.69 s at depth 64)
@@ -15,7 +14,11 @@ its median over the rounds. A piece is kept when its library path is at least 5%
 (ratio library / hand-written >= 1.05) in the run that exercises it; the 'same output' column says
 whether the library path reproduces the figures bit for bit (JSON without provenance and timing).
 
-Usage: bench/kernels.py [--gradflow build/gradflow] [--rounds 7] [--pieces products,radius,sterf,shards]
+A fifth piece, gradflow's port of LAPACK's DSTERF (erank's eigenvalues), was measured this way on
+2026-12-01 against LAPACK's dsterf: ratio 1.027 (9.66 s against 9.40 s, medians of 5 rounds on a
+machine loaded by two other builds), 1.12x per 64 x 64 call in isolation; it was removed.
+
+Usage: bench/kernels.py [--gradflow build/gradflow] [--rounds 7] [--pieces products,radius,shards]
 """
 import argparse
 import json
@@ -31,7 +34,6 @@ RUN = ["analyze", "--arch", "keel", "--depth", "1024", "--threads", "2", "-q", "
 PIECES = {
     "products": "AVX-512 GEMM tiles vs Eigen/OpenBLAS sgemm",
     "radius": "SIMD Box-Muller radius vs Eigen log/sqrt",
-    "sterf": "DSTERF port vs LAPACK dsterf",
     "shards": "ShardPair vs OpenMP (2 threads)",
 }
 

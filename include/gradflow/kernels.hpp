@@ -16,9 +16,6 @@ struct KernelChoice {
   // The Box-Muller radius sqrt(-2 ln u) by the AVX-512 packet specialised to the draws' domain
   // (src/rng.cpp), or by Eigen's vectorised log and sqrt. Same bits either way (tested).
   bool radius_packet = true;
-  // The tridiagonal eigenvalues of symmetric_eigenvalues by gradflow's port of LAPACK's DSTERF
-  // (src/symmetric_eigenvalues.cpp), or by LAPACK's own dsterf (OpenBLAS's LAPACK).
-  bool sterf_port = true;
   // An op's two shards on ShardPair's second thread (src/shards.cpp: an epoch/futex handshake,
   // with the next sublayer's weights drawn while a thread would wait), or in an OpenMP parallel
   // region of two threads per op (the weights then drawn when needed).
@@ -27,7 +24,7 @@ struct KernelChoice {
 
 // The choice every kernel reads. By default every hand-written piece that this build has;
 // GRADFLOW_KERNELS=library in the environment (bench/kernels.py) selects every library path
-// instead, or a comma-separated list of pieces does: products, radius, sterf, shards. Read once, at first
+// instead, or a comma-separated list of pieces does: products, radius, shards. Read once, at first
 // use.
 const KernelChoice& kernel_choice();
 

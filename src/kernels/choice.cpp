@@ -27,13 +27,12 @@ KernelChoice parse_kernel_choice(std::string_view pieces) {
     const std::string_view piece = pieces.substr(0, comma);
     pieces = comma == std::string_view::npos ? std::string_view{} : pieces.substr(comma + 1);
     const bool all = piece == "library";
-    if (!all && piece != "products" && piece != "radius" && piece != "sterf" && piece != "shards") {
+    if (!all && piece != "products" && piece != "radius" && piece != "shards") {
       throw std::invalid_argument("GRADFLOW_KERNELS: unknown piece '" + std::string(piece) +
-                                  "' (library, products, radius, sterf, shards)");
+                                  "' (library, products, radius, shards)");
     }
     if (all || piece == "products") choice.tiled_products = false;
     if (all || piece == "radius") choice.radius_packet = false;
-    if (all || piece == "sterf") choice.sterf_port = false;
     if (all || piece == "shards") choice.shard_pair = false;
   }
   return choice;

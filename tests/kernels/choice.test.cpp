@@ -13,7 +13,6 @@ TEST_CASE("the kernel choice defaults to every hand-written piece the build has"
   const KernelChoice choice = parse_kernel_choice("");
   CHECK(choice.tiled_products == kTiledMultiply);
   CHECK(choice.radius_packet);
-  CHECK(choice.sterf_port);
   CHECK(choice.shard_pair);
 }
 
@@ -21,12 +20,10 @@ TEST_CASE("GRADFLOW_KERNELS names library paths one piece at a time or all at on
   const KernelChoice library = parse_kernel_choice("library");
   CHECK_FALSE(library.tiled_products);
   CHECK_FALSE(library.radius_packet);
-  CHECK_FALSE(library.sterf_port);
   CHECK_FALSE(library.shard_pair);
-  const KernelChoice two = parse_kernel_choice("sterf,shards");
+  const KernelChoice two = parse_kernel_choice("radius,shards");
   CHECK(two.tiled_products == kTiledMultiply);
-  CHECK(two.radius_packet);
-  CHECK_FALSE(two.sterf_port);
+  CHECK_FALSE(two.radius_packet);
   CHECK_FALSE(two.shard_pair);
   CHECK_THROWS_AS(parse_kernel_choice("products,tiles"), std::invalid_argument);
   CHECK_THROWS_AS(parse_kernel_choice("Library"), std::invalid_argument);
