@@ -1,7 +1,7 @@
 // deepscalelm: x <- l x + b F(N(x)), b^2 = 2/S, l^2 + b^2 = 1, final norm: moment control that
 // keeps the stream's second moment fixed (Kedia et al. 2024 "Transformers get stable", arXiv
 // 2403.09635, Sec. 3; authors' megatron transformer.py: moment_control_lambda / _beta).
-// S in sublayers as architectures.md says; a third-party port reads 2/B (paper_notes.md).
+// S counted in sublayers, as the authors' code and docs/placements.md say (a third-party port reads 2/B).
 #include <fmt/format.h>
 
 #include <cmath>
