@@ -49,7 +49,7 @@ double mean_token_cosine(const Eigen::MatrixXd& unit) {
 double effective_rank(const Eigen::MatrixXd& rows) {
   // The lower triangle only (half the products); the eigensolver reads no more.
   Eigen::MatrixXd gram;
-  if (rows.rows() <= rows.cols() && kTiledMultiply) {  // the same sums as BLAS's dsyrk, in half the time
+  if (rows.rows() <= rows.cols() && kernel_choice().tiled_double_gram) {  // the same sums as dsyrk's
     gram.resize(rows.rows(), rows.rows());
     gram_lower_f64(rows.data(), rows.outerStride(), gram.data(), gram.outerStride(), rows.rows(),
                    rows.cols());

@@ -1,6 +1,6 @@
 // The speed layer's one switch: which implementation each of gradflow's hand-written kernels runs
-// on. Every op asks for "a product" (gemm.hpp), "two shards" (shards.hpp), "normal draws" (rng.hpp)
-// or "eigenvalues" (symmetric_eigenvalues.hpp); whether that runs on a hand-written piece or on the
+// on. Every op asks for "a product" or "a Gram matrix" (gemm.hpp), "two shards" (shards.hpp) or
+// "normal draws" (rng.hpp); whether that runs on a hand-written piece or on the
 // library path is decided here, for all of them. The hand-written pieces are kept because each was
 // measured to pay (bench/kernels.py, whose table the issue-16 note reports); the library paths
 // stay selectable so that the measurement can be repeated.
@@ -13,6 +13,9 @@ struct KernelChoice {
   // Float products and Gram matrices on gradflow's AVX-512 register tiles (src/gemm.cpp), or on
   // Eigen's product (OpenBLAS's sgemm when built with it). Only AVX-512 builds have the tiles.
   bool tiled_products = true;
+  // erank's double-precision Gram matrices (lower triangle) on gradflow's AVX-512 tile
+  // (gram_lower_f64, src/gemm.cpp), or on Eigen's rank update (OpenBLAS's dsyrk). AVX-512 builds only.
+  bool tiled_double_gram = true;
   // The Box-Muller radius sqrt(-2 ln u) by the AVX-512 packet specialised to the draws' domain
   // (src/rng.cpp), or by Eigen's vectorised log and sqrt. Same bits either way (tested).
   bool radius_packet = true;
@@ -24,7 +27,7 @@ struct KernelChoice {
 
 // The choice every kernel reads. By default every hand-written piece that this build has;
 // GRADFLOW_KERNELS=library in the environment (bench/kernels.py) selects every library path
-// instead, or a comma-separated list of pieces does: products, radius, shards. Read once, at first
+// instead, or a comma-separated list of pieces does: products, gram, radius, shards. Read once, at first
 // use.
 const KernelChoice& kernel_choice();
 

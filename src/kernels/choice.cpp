@@ -22,16 +22,18 @@ namespace gradflow {
 KernelChoice parse_kernel_choice(std::string_view pieces) {
   KernelChoice choice;
   choice.tiled_products = kTiledMultiply;
+  choice.tiled_double_gram = kTiledMultiply;
   while (!pieces.empty()) {
     const auto comma = pieces.find(',');
     const std::string_view piece = pieces.substr(0, comma);
     pieces = comma == std::string_view::npos ? std::string_view{} : pieces.substr(comma + 1);
     const bool all = piece == "library";
-    if (!all && piece != "products" && piece != "radius" && piece != "shards") {
+    if (!all && piece != "products" && piece != "gram" && piece != "radius" && piece != "shards") {
       throw std::invalid_argument("GRADFLOW_KERNELS: unknown piece '" + std::string(piece) +
-                                  "' (library, products, radius, shards)");
+                                  "' (library, products, gram, radius, shards)");
     }
     if (all || piece == "products") choice.tiled_products = false;
+    if (all || piece == "gram") choice.tiled_double_gram = false;
     if (all || piece == "radius") choice.radius_packet = false;
     if (all || piece == "shards") choice.shard_pair = false;
   }

@@ -12,6 +12,7 @@ using namespace gradflow;
 TEST_CASE("the kernel choice defaults to every hand-written piece the build has") {
   const KernelChoice choice = parse_kernel_choice("");
   CHECK(choice.tiled_products == kTiledMultiply);
+  CHECK(choice.tiled_double_gram == kTiledMultiply);
   CHECK(choice.radius_packet);
   CHECK(choice.shard_pair);
 }
@@ -19,10 +20,14 @@ TEST_CASE("the kernel choice defaults to every hand-written piece the build has"
 TEST_CASE("GRADFLOW_KERNELS names library paths one piece at a time or all at once") {
   const KernelChoice library = parse_kernel_choice("library");
   CHECK_FALSE(library.tiled_products);
+  CHECK_FALSE(library.tiled_double_gram);
   CHECK_FALSE(library.radius_packet);
   CHECK_FALSE(library.shard_pair);
   const KernelChoice two = parse_kernel_choice("radius,shards");
   CHECK(two.tiled_products == kTiledMultiply);
+  CHECK(two.tiled_double_gram == kTiledMultiply);
+  CHECK_FALSE(parse_kernel_choice("gram").tiled_double_gram);
+  CHECK(parse_kernel_choice("gram").tiled_products == kTiledMultiply);
   CHECK_FALSE(two.radius_packet);
   CHECK_FALSE(two.shard_pair);
   CHECK_THROWS_AS(parse_kernel_choice("products,tiles"), std::invalid_argument);
