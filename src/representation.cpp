@@ -49,7 +49,7 @@ double mean_token_cosine(const Eigen::MatrixXd& unit) {
 double effective_rank(const Eigen::MatrixXd& rows) {
   // The lower triangle only (half the products); the eigensolver reads no more.
   Eigen::MatrixXd gram;
-  if (rows.rows() <= rows.cols() && kernel_choice().tiled_double_gram) {  // the same sums as dsyrk's
+  if (rows.rows() <= rows.cols() && kernel_choice().tiled_double_gram) {  // each entry one in-order sum
     gram.resize(rows.rows(), rows.rows());
     gram_lower_f64(rows.data(), rows.outerStride(), gram.data(), gram.outerStride(), rows.rows(),
                    rows.cols());
