@@ -3,10 +3,10 @@
 run that the decision is about, side by side.
 
 Every piece has a library path that the same binary selects through GRADFLOW_KERNELS (kernels.hpp):
-  products  gradflow's AVX-512 tiles (src/gemm.cpp)         vs Eigen's product on OpenBLAS's sgemm
+  products  gradflow's AVX-512 tiles (src/kernels/gemm.cpp)         vs Eigen's product on OpenBLAS's sgemm
   gram      the AVX-512 double Gram tile (gram_lower_f64)   vs Eigen's rank update on OpenBLAS's dsyrk
   radius    the AVX-512 Box-Muller radius (src/rng.cpp)     vs Eigen's vectorised log and sqrt
-  shards    ShardPair's second thread (src/shards.cpp)      vs an OpenMP region of two threads per op
+  shards    ShardPair's second thread (src/kernels/shards.cpp)      vs an OpenMP region of two threads per op
             (run with OMP_WAIT_POLICY=passive: libgomp's default spinning was slower still here,
             5.6 s against 0.69 s at depth 64)
 The machine is shared and noisy, so the runs are interleaved: each round runs the hand-written

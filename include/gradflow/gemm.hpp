@@ -1,6 +1,6 @@
 // Row-major matrix products for the sublayers, C = A B, A B^T and A^T B.
 //
-// In float on AVX-512, register-tiled kernels (src/gemm.cpp) that read B where it lies: a BLAS
+// In float on AVX-512, register-tiled kernels (src/kernels/gemm.cpp) that read B where it lies: a BLAS
 // copies ("packs") the whole weight matrix into its own layout on every call, and with T = 64
 // token rows that copy costs a fifth of the multiply. The tiles make each entry of C one sum over k
 // in increasing order, so their bits do not depend on how C is split into column blocks. Other

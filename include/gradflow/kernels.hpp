@@ -10,16 +10,16 @@
 namespace gradflow {
 
 struct KernelChoice {
-  // Float products and Gram matrices on gradflow's AVX-512 register tiles (src/gemm.cpp), or on
+  // Float products and Gram matrices on gradflow's AVX-512 register tiles (src/kernels/gemm.cpp), or on
   // Eigen's product (OpenBLAS's sgemm when built with it). Only AVX-512 builds have the tiles.
   bool tiled_products = true;
   // erank's double-precision Gram matrices (lower triangle) on gradflow's AVX-512 tile
-  // (gram_lower_f64, src/gemm.cpp), or on Eigen's rank update (OpenBLAS's dsyrk). AVX-512 builds only.
+  // (gram_lower_f64, src/kernels/gemm.cpp), or on Eigen's rank update (OpenBLAS's dsyrk). AVX-512 builds only.
   bool tiled_double_gram = true;
   // The Box-Muller radius sqrt(-2 ln u) by the AVX-512 packet specialised to the draws' domain
   // (src/rng.cpp), or by Eigen's vectorised log and sqrt. Same bits either way (tested).
   bool radius_packet = true;
-  // An op's two shards on ShardPair's second thread (src/shards.cpp: an epoch/futex handshake,
+  // An op's two shards on ShardPair's second thread (src/kernels/shards.cpp: an epoch/futex handshake,
   // with the next sublayer's weights drawn while a thread would wait), or in an OpenMP parallel
   // region of two threads per op (the weights then drawn when needed).
   bool shard_pair = true;
