@@ -14,7 +14,8 @@ struct KernelChoice {
   // Eigen's product (OpenBLAS's sgemm when built with it). Only AVX-512 builds have the tiles.
   bool tiled_products = true;
   // erank's double-precision Gram matrices (lower triangle) on gradflow's AVX-512 tile
-  // (gram_lower_f64, src/kernels/gemm.cpp), or on Eigen's rank update (OpenBLAS's dsyrk). AVX-512 builds only.
+  // (gram_lower_f64, src/kernels/gemm.cpp), or on Eigen's rank update (OpenBLAS's dsyrk). AVX-512 builds
+  // only.
   bool tiled_double_gram = true;
   // The Box-Muller radius sqrt(-2 ln u) by the AVX-512 packet specialised to the draws' domain
   // (src/rng.cpp), or by Eigen's vectorised log and sqrt. Same bits either way (tested).

@@ -8,19 +8,14 @@
 #include "gradflow/architecture.hpp"
 #include "gradflow/initialization.hpp"
 #include "support/finite_difference.hpp"
+#include "support/small_model.hpp"
 
 using namespace gradflow;
 using namespace gradflow::testing;
 
 namespace {
 ModelConfig tiny_config() {
-  ModelConfig config;
-  config.blocks = 1;
-  config.width = 8;
-  config.heads = 2;
-  config.seq = 5;
-  config.precision = Precision::f64;
-  return config;
+  return small_model(1, 8, 2, 5);
 }
 
 // The recipes under test, one input stream and one output: pre-norm y = x + 0.5 F(N(x)),

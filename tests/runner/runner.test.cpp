@@ -11,17 +11,14 @@
 #include <stdexcept>
 
 #include "gradflow/report.hpp"
+#include "support/small_model.hpp"
 
 using namespace gradflow;
 
 namespace {
+// float32, the CLI's default precision: the runner's results are compared bit for bit.
 ModelConfig tiny_config() {
-  ModelConfig config;
-  config.blocks = 3;
-  config.width = 16;
-  config.heads = 2;
-  config.seq = 4;
-  return config;
+  return testing::small_model(3, 16, 2, 4, Precision::f32);
 }
 
 nlohmann::ordered_json without_timing(const std::vector<ArchResult>& results) {

@@ -8,17 +8,13 @@
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/errors.hpp"
+#include "support/small_model.hpp"
 
 using namespace gradflow;
 
 namespace {
 ModelConfig tiny_config() {
-  ModelConfig config;
-  config.blocks = 3;
-  config.width = 8;
-  config.heads = 2;
-  config.seq = 4;
-  config.precision = Precision::f64;
+  ModelConfig config = testing::small_model(3, 8, 2, 4);
   config.exact_jacobian = true;
   return config;
 }

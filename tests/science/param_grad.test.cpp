@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "gradflow/analysis.hpp"
+#include "support/small_model.hpp"
 
 using namespace gradflow;
 
@@ -19,12 +20,7 @@ double nudged_loss(const ModelConfig& config, const Architecture& arch, const Co
 }  // namespace
 
 TEST_CASE("log10_param_grad equals log10 of the central-difference norm of dL/dW (float64)") {
-  ModelConfig config;
-  config.blocks = 2;
-  config.width = 4;
-  config.heads = 2;
-  config.seq = 3;
-  config.precision = Precision::f64;
+  const ModelConfig config = testing::small_model(2, 4, 2, 3);
   for (const char* id : {"pre-ln", "post-ln", "deepnorm", "keel"}) {
     const Architecture& arch = find_architecture(id);
     const Constants constants = resolve_constants(arch, config);

@@ -12,6 +12,7 @@
 #include "gradflow/analysis.hpp"
 #include "gradflow/graph.hpp"
 #include "support/finite_difference.hpp"
+#include "support/small_model.hpp"
 
 using namespace gradflow;
 
@@ -101,13 +102,7 @@ TEST_CASE("which sublayer graphs may skip the branch output") {
 
 namespace {
 ModelConfig small_stack() {
-  ModelConfig config;
-  config.blocks = 2;
-  config.width = 8;
-  config.heads = 2;
-  config.seq = 4;
-  config.precision = Precision::f64;
-  return config;
+  return testing::small_model(2, 8, 2, 4);
 }
 
 double dot(const std::vector<Mat<double>>& a, const std::vector<Mat<double>>& b) {
