@@ -1,4 +1,4 @@
-// symmetric_eigenvalues (the DSTERF port behind erank) against Eigen's SelfAdjointEigenSolver.
+// symmetric_eigenvalues (LAPACK's dsterf behind erank) against Eigen's SelfAdjointEigenSolver.
 #include <doctest/doctest.h>
 
 #include <Eigen/Eigenvalues>
