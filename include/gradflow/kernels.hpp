@@ -33,7 +33,7 @@ struct KernelChoice {
 const KernelChoice& kernel_choice();
 
 // The choice that a GRADFLOW_KERNELS value names ("" for the defaults); throws
-// std::invalid_argument on an unknown piece.
+// InputError on an unknown piece.
 KernelChoice parse_kernel_choice(std::string_view pieces);
 
 // Every matrix product on the thread that calls it: OpenBLAS set to one thread and its worker pool

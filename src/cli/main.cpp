@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
     return static_cast<int>(ExitCode::bad_input);
   };
   try {
+    gradflow::kernel_choice();  // a bad GRADFLOW_KERNELS is refused here, before any work
     int code = static_cast<int>(ExitCode::bad_input);
     for (const auto& command : commands) {
       if (command.app->parsed()) {

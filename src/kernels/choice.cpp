@@ -1,10 +1,10 @@
 // kernel_choice(): the hand-written pieces by default, library paths on request (kernels.hpp);
 // and the one call that reconfigures OpenBLAS, made by the CLI.
 #include <cstdlib>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
+#include "gradflow/errors.hpp"
 #include "gradflow/gemm.hpp"
 #include "gradflow/kernels.hpp"
 
@@ -29,8 +29,9 @@ KernelChoice parse_kernel_choice(std::string_view pieces) {
     pieces = comma == std::string_view::npos ? std::string_view{} : pieces.substr(comma + 1);
     const bool all = piece == "library";
     if (!all && piece != "products" && piece != "gram" && piece != "radius" && piece != "shards") {
-      throw std::invalid_argument("GRADFLOW_KERNELS: unknown piece '" + std::string(piece) +
-                                  "' (library, products, gram, radius, shards)");
+      throw InputError("GRADFLOW_KERNELS: unknown piece '" + std::string(piece) +
+                       "'; use library, or a comma-separated list of products, gram, radius and shards, "
+                       "or unset it");
     }
     if (all || piece == "products") choice.tiled_products = false;
     if (all || piece == "gram") choice.tiled_double_gram = false;

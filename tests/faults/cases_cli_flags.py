@@ -114,6 +114,13 @@ CASES = [
     Case("check option typo", ["check", "r.json", "--baseline", "r.json", "--jsn"], r"unknown option --jsn; did you mean --json\?", files={"r.json": RESULT}),
     Case("check max-rows words", ["check", "r.json", "--baseline", "r.json", "--max-rows", "ten"], r"--max-rows \"ten\" must be a whole number", files={"r.json": RESULT}),
 
+    # ---- the environment
+    Case("GRADFLOW_KERNELS unknown piece", ["analyze", "--depth", "2", "-o", "{dir}/r.json"],
+         r"GRADFLOW_KERNELS: unknown piece 'tiles'; use library, or a comma-separated list of products, gram, radius and shards, or unset it",
+         env={"GRADFLOW_KERNELS": "products,tiles"}),
+    Case("GRADFLOW_KERNELS wrong case", ["sweep", "--arch", "keel", "--depth", "2", "-o", "{dir}/sweep"],
+         r"GRADFLOW_KERNELS: unknown piece 'Library'", env={"GRADFLOW_KERNELS": "Library"}),
+
     # ---- explain
     Case("explain without figure", ["explain"], r"explain needs a FIGURE, e.g. 'gradflow explain log10_grad_rel'"),
     Case("explain typo", ["explain", "log10_grd"], r"explain \"log10_grd\": no such figure or field; did you mean \"log10_grad\"\?"),

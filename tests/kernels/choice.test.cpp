@@ -2,8 +2,8 @@
 // each piece on request, and an unknown piece refused rather than ignored.
 #include <doctest/doctest.h>
 
-#include <stdexcept>
 
+#include "gradflow/errors.hpp"
 #include "gradflow/gemm.hpp"
 #include "gradflow/kernels.hpp"
 
@@ -30,6 +30,6 @@ TEST_CASE("GRADFLOW_KERNELS names library paths one piece at a time or all at on
   CHECK(parse_kernel_choice("gram").tiled_products == kTiledMultiply);
   CHECK_FALSE(two.radius_packet);
   CHECK_FALSE(two.shard_pair);
-  CHECK_THROWS_AS(parse_kernel_choice("products,tiles"), std::invalid_argument);
-  CHECK_THROWS_AS(parse_kernel_choice("Library"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_kernel_choice("products,tiles"), InputError);
+  CHECK_THROWS_AS(parse_kernel_choice("Library"), InputError);
 }
