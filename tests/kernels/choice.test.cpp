@@ -2,7 +2,6 @@
 // each piece on request, and an unknown piece refused rather than ignored.
 #include <doctest/doctest.h>
 
-
 #include "gradflow/errors.hpp"
 #include "gradflow/gemm.hpp"
 #include "gradflow/kernels.hpp"
