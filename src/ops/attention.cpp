@@ -210,12 +210,18 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
 
 template <typename Scalar>
 void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
-                   AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out) {
+                   AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
+                   const SublayerWeights<Scalar>* d_w) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
   const Eigen::Index probes = d_x.rows() / tokens;
   const Scalar scale = static_cast<Scalar>(options.score_scale);
   // Every norm Jacobian here is symmetric (rms, layer, dyt, unit rows), so its backward is its JVP.
   Mat<Scalar> d_q_raw = d_x * w.w_q, d_k_raw = d_x * w.w_k, d_v_raw = d_x * w.w_v;  // (P*T, d)
+  if (d_w) {  // product rule: d(x W) = dx W + x dW
+    d_q_raw.noalias() += x * d_w->w_q;
+    d_k_raw.noalias() += x * d_w->w_k;
+    d_v_raw.noalias() += x * d_w->w_v;
+  }
   const Mat<Scalar> d_q = projection_backward(options, false, cache.q, cache.q_inv, d_q_raw, cache.d_raw);
   const Mat<Scalar> d_k = projection_backward(options, false, cache.k, cache.k_inv, d_k_raw, cache.d_raw);
   const Mat<Scalar> d_v = projection_backward(options, true, cache.v, cache.v_inv, d_v_raw, cache.d_raw);
@@ -238,6 +244,20 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
     }
   }
   d_out.noalias() = cache.d_context * w.w_o;  // (P*T, d)
+  if (d_w) d_out.noalias() += cache.context * d_w->w_o;
+}
+
+template <typename Scalar>
+void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& options,
+                                const AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out,
+                                SublayerWeights<Scalar>& gradients) {
+  // projection_backward's choice: the cotangent before a q/k/v norm where there is one.
+  const bool qk_normalised = options.qkv_norm != QkvNorm::none;
+  const bool v_normalised = options.qkv_norm == QkvNorm::per_head_qkv;
+  gradients.w_q.noalias() = x.transpose() * (qk_normalised ? cache.d_q_raw : cache.d_q);
+  gradients.w_k.noalias() = x.transpose() * (qk_normalised ? cache.d_k_raw : cache.d_k);
+  gradients.w_v.noalias() = x.transpose() * (v_normalised ? cache.d_v_raw : cache.d_v);
+  gradients.w_o.noalias() = cache.context.transpose() * d_out;
 }
 
 #define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                              \
@@ -249,7 +269,10 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
       const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*, std::vector<double>*);               \
   template void attention_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                   \
                                       const AttentionOptions&, AttentionCache<Scalar>&, const Mat<Scalar>&, \
-                                      Mat<Scalar>&);
+                                      Mat<Scalar>&, const SublayerWeights<Scalar>*);                        \
+  template void attention_weight_gradients<Scalar>(const Mat<Scalar>&, const AttentionOptions&,             \
+                                                   const AttentionCache<Scalar>&, const Mat<Scalar>&,       \
+                                                   SublayerWeights<Scalar>&);
 GRADFLOW_INSTANTIATE_ATTENTION(float)
 GRADFLOW_INSTANTIATE_ATTENTION(double)
 
