@@ -137,3 +137,19 @@ TEST_CASE("the stepped forward pass moves each state by the JVP along Delta thet
     CHECK(coarse / fine == doctest::Approx(10.0).epsilon(0.2));
   }
 }
+
+TEST_CASE("a step that overflows a state is reported at that state and learning rate, the others unaffected") {
+  ModelConfig config = small_config(UpdateRule::sgd, {1e-3, 1e30});
+  config.precision = Precision::f32;
+  const Architecture& arch = find_architecture("pre-ln");
+  const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 1);
+  REQUIRE(run.updates.size() == 2);
+  CHECK(!run.diverged);  // the run itself is fine
+  CHECK(run.updates[0].diverged_state == -1);
+  CHECK(std::isfinite(run.updates[0].output_update_rel));
+  CHECK(run.updates[1].diverged_state == 1);
+  CHECK(std::isnan(run.updates[1].output_update_rel));
+  const auto& moved = run.states.at({Figure::update_rms, 2});
+  for (int l = 1; l <= config.sublayers(); ++l) CHECK(std::isnan(moved[l]));
+  CHECK(std::isfinite(run.states.at({Figure::update_rms, 1})[config.sublayers()]));
+}
