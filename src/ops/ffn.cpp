@@ -195,8 +195,10 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
 template <typename Scalar>
 void ffn_weight_gradients(const Mat<Scalar>& x, const FfnCache<Scalar>& cache, const Mat<Scalar>& d_out,
                           SublayerWeights<Scalar>& gradients) {
-  gradients.w_1.noalias() = x.transpose() * cache.d_hidden_pre;  // d_hidden_pre: dL/d(x W_1), s applied
-  gradients.w_2.noalias() = cache.hidden.transpose() * d_out;
+  gradients.w_1.resize(x.cols(), cache.d_hidden_pre.cols());
+  gradients.w_2.resize(cache.hidden.cols(), d_out.cols());
+  multiply_first_transposed(x, cache.d_hidden_pre, gradients.w_1);  // d_hidden_pre: dL/d(x W_1), s applied
+  multiply_first_transposed(cache.hidden, d_out, gradients.w_2);
 }
 
 template <typename Scalar>
