@@ -37,7 +37,8 @@ def documented_names():
 def canonical(name):
     """log10_singular_value_3 -> log10_singular_value_i; rms_a -> rms_NAME (stream columns)."""
     name = re.sub(r"^log10_singular_value_\d+", "log10_singular_value_i", name)
-    name = re.sub(r"^(update_rms|log10_update_rel|update_loss|update_loss_share)_\d+$", r"\1_i", name)
+    name = re.sub(r"^(update_rms|log10_update_rel|update_loss|update_loss_share|output_update_rel|delta_loss|"
+                  r"delta_loss_first_order)_\d+$", r"\1_i", name)
     return name
 
 
