@@ -86,10 +86,13 @@ json read_cell(const std::string& path, const SweepCell& cell, const json& manif
     for (const ConfigField& shared : config_fields()) {
       if (!shared.in_sweep_model || !shared.compared) continue;
       const std::string field(shared.key);
-      if (config.at(field) != manifest.at("model").at(field)) {
+      // A field recorded only when used (--update's) is null where it is absent.
+      const json& model = manifest.at("model");
+      const json cell_value = shared.present ? config.value(field, json()) : config.at(field);
+      const json sweep_value = shared.present ? model.value(field, json()) : model.at(field);
+      if (cell_value != sweep_value) {
         throw InputError(fmt::format("{} has {} {} but the sweep has {} {}; it belongs to another sweep",
-                                     path, field, config.at(field).dump(), field,
-                                     manifest.at("model").at(field).dump()));
+                                     path, field, cell_value.dump(), field, sweep_value.dump()));
       }
     }
   } catch (const json::exception& error) {

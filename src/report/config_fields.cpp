@@ -15,7 +15,9 @@ bool updating(const ModelConfig& config) {
 
 const std::vector<ConfigField>& config_fields() {
   // In document order. Depth and width (and what derives from them) vary per sweep cell; the
-  // optional analyses are analyze's only; the derived sizes and norm_eps are not compared.
+  // optional analyses are analyze's only; the derived sizes and norm_eps are not compared. The
+  // optimizer step (--update, --lr) is part of a sweep's model, so that a sweep directory resumed
+  // with another step or learning rate is refused instead of reusing its cells.
   static const std::vector<ConfigField> fields = {
       {"blocks", "--depth", [](const ModelConfig& c) { return json(c.blocks); }, false, true},
       {"sublayers", "--depth/--block", [](const ModelConfig& c) { return json(c.sublayers()); }, false, true},
@@ -39,9 +41,9 @@ const std::vector<ConfigField>& config_fields() {
       {"spectrum", "--spectrum", [](const ModelConfig& c) { return json(c.spectrum); }, false, false},
       {"exact_jacobian", "--exact-jacobian", [](const ModelConfig& c) { return json(c.exact_jacobian); },
        false, false},
-      {"update_step", "--update", [](const ModelConfig& c) { return json(to_string(c.update)); }, true, false,
+      {"update_step", "--update", [](const ModelConfig& c) { return json(to_string(c.update)); }, true, true,
        updating},
-      {"learning_rates", "--lr", [](const ModelConfig& c) { return json(c.learning_rates); }, true, false,
+      {"learning_rates", "--lr", [](const ModelConfig& c) { return json(c.learning_rates); }, true, true,
        updating},
   };
   return fields;

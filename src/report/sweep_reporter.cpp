@@ -89,7 +89,8 @@ SweepGrid grid_from_manifest(const json& manifest, const std::string& origin) {
     if (!model.is_object())
       throw InputError(fmt::format("{}: \"model\" is {}, not an object", origin, model.type_name()));
     for (const ConfigField& field : config_fields()) {
-      if (field.in_sweep_model && field.compared && !model.contains(std::string(field.key)))
+      // Fields recorded only when used (field.present: --update's) may be absent.
+      if (field.in_sweep_model && field.compared && !field.present && !model.contains(std::string(field.key)))
         throw InputError(
             fmt::format("{}: not a gradflow sweep manifest (model lacks {:?})", origin, field.key));
     }
@@ -165,6 +166,8 @@ json sweep_document(const json& manifest, const std::vector<json>& cells) {
                     {"gain_min", summary["gain_min"]},
                     {"gain_max", summary["gain_max"]},
                     {"diverged", summary["diverged"]}});
+    // --update: output_update_rel per learning rate (the model's learning_rates order).
+    if (!f.output_update_rel.empty()) rows.back()["output_update_rel"] = json_numbers(f.output_update_rel);
     figures.push_back(f);
   }
   json fits = json::array();
