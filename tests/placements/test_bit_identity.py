@@ -59,6 +59,16 @@ def main():
             failures.append("GRADFLOW_PLACEMENTS: the file found by id differs from the file given by path")
         if by_path[1]["config"]["placement_file"]["text"] != open(os.path.join(directory, "mine.toml")).read():
             failures.append("config.placement_file.text is not the file's text")
+    # Hyper-Connections at init: four copies of pre-ln's stream, so these figures coincide bit for bit
+    # (docs/placements.md); the gradient figures do not (each stream's gradient is its own).
+    for precision in ["f32", "f64"]:
+        hc, pre_ln = (run["seeds"][0] for run in analyze(["hc", "pre-ln"], ["--precision", precision]))
+        for section, name in [("states", "rms"), ("sublayers", "branch_rms"), ("sublayers", "stream_share"),
+                              ("summary", "growth_exponent"), ("summary", "growth_exponent_se"),
+                              ("summary", "growth_class")]:
+            compared += 1
+            if hc[section][name] != pre_ln[section][name]:
+                failures.append(f"hc {precision}: {section}.{name} differs from pre-ln's")
     for failure in failures:
         print("FAIL", failure)
     print(f"{len(files)} placement files, {compared} configurations compared, {len(failures)} failures")
