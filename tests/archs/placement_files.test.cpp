@@ -98,7 +98,7 @@ TEST_CASE(
   CHECK(find_architecture("mhc").streams.size() == 4);
 }
 
-TEST_CASE("hc at init: every stream's states are pre-ln's bit for bit; only the output head differs") {
+TEST_CASE("hc at init: every stream's states are pre-ln's bit for bit and only the output head differs") {
   {
     const ModelConfig config = testing::small_model(3, 16, 2, 4);
     const Architecture &hc = find_architecture("hc"), &pre_ln = find_architecture("pre-ln");
