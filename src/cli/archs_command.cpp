@@ -123,7 +123,8 @@ Command setup_archs(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "archs", "List the placements: update rule, constants with their depth unit, source");
   sub->option_defaults()->always_capture_default();
-  sub->add_option("--arch", options->arch, "Show these placements in detail (comma-separated)")
+  sub->add_option("--arch", options->arch,
+                  "Show these placements (ids or placement files PATH.toml, comma-separated) in detail")
       ->default_str("all, one line each");
   sub->add_option("--depth", options->depth, "Depth in blocks at which to evaluate the constants");
   sub->add_option("--format", options->format, "table or json")->check(CLI::IsMember({"table", "json"}));
