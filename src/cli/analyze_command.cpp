@@ -234,7 +234,8 @@ Command setup_analyze(CLI::App& app) {
       app.add_subcommand("analyze", "Measure signal and gradient flow through randomly initialised stacks");
   sub->option_defaults()->always_capture_default();
   sub->add_option("--arch", options->arch,
-                  "Placement id, a comma-separated list, or 'all' (see 'gradflow archs')");
+                  "Placement id or placement file PATH.toml (docs/placement-files.md), a comma-separated "
+                  "list, or 'all' (see 'gradflow archs')");
   sub->add_option("--depth", m.blocks, "Depth in blocks B (a block is attention + FFN by default)");
   sub->add_option("--width", m.width, "Model width d");
   add_model_options(sub, options->model);

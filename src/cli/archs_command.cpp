@@ -100,6 +100,7 @@ int run_archs(const ArchsOptions& options) {
           constants_text(*arch, config), config.blocks, config.sublayers(), fmt::join(arch->streams, ", "),
           arch->expected_growth, arch->citation);
       if (arch->provisional) fmt::print("  provisional: {}\n", arch->provisional_note);
+      if (arch->source != "built-in") fmt::print("  file:        {} ({})\n", arch->source, arch->file_hash);
       if (!arch->options.empty()) fmt::print("  options:     {}\n", options_text(*arch));
       print_closed_forms(*arch, config);
       fmt::print("\n");
@@ -107,6 +108,7 @@ int run_archs(const ArchsOptions& options) {
       fmt::print("{:<16} {}{}\n  final norm: {}\n  constants:  {}\n  source:     {}\n", arch->id,
                  arch->update_rule, arch->provisional ? "  [PROVISIONAL: see --arch for why]" : "",
                  arch->final_norm, constants_text(*arch, config), arch->citation);
+      if (arch->source != "built-in") fmt::print("  file:       {}\n", arch->source);
     }
   }
   if (!detail)
@@ -121,7 +123,8 @@ Command setup_archs(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "archs", "List the placements: update rule, constants with their depth unit, source");
   sub->option_defaults()->always_capture_default();
-  sub->add_option("--arch", options->arch, "Show these placements in detail (comma-separated)")
+  sub->add_option("--arch", options->arch,
+                  "Show these placements (ids or placement files PATH.toml, comma-separated) in detail")
       ->default_str("all, one line each");
   sub->add_option("--depth", options->depth, "Depth in blocks at which to evaluate the constants");
   sub->add_option("--format", options->format, "table or json")->check(CLI::IsMember({"table", "json"}));

@@ -215,7 +215,9 @@ Command setup_sweep(CLI::App& app) {
       "sweep",
       "Run an (arch, depth, width, seed) grid: one file per cell, resumable, shardable; fits across depths");
   sub->option_defaults()->always_capture_default();
-  sub->add_option("--arch", options->arch, "Placement ids, comma-separated, or 'all' (see 'gradflow archs')")
+  sub->add_option(
+         "--arch", options->arch,
+         "Placement ids or placement files PATH.toml, comma-separated, or 'all' (see 'gradflow archs')")
       ->required();
   sub->add_option("--depth", options->depths, "Depths in blocks B, comma-separated (e.g. 8,16,32,64)")
       ->required();
