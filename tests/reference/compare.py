@@ -4,7 +4,7 @@
   /usr/bin/python3 tests/reference/compare.py --gradflow build/gradflow --arch keel [--depth 3 --width 16
         --heads 2 --seq 5 --block attn-ffn --norm rms --init xavier --alpha A --keel-variant v2
         --mix-ratio R --input-corr r --tol 1e-8 --keep DIR --wrong-variant keel-alpha-on-branch]
-  ... --all [--strict] every placement in architectures.md (--strict: UNSUPPORTED fails)
+  ... --all [--strict] [--baselines DIR]   every placement `BIN archs --format json` lists
 
 Runs `BIN analyze --arch ARCH ... --precision f64 --seed 0 --export-weights TMP.safetensors -o TMP.json`,
 rebuilds the stack from the export in float64 torch, and compares per state (rms, log10_grad,
@@ -15,8 +15,12 @@ Error measure (max over indices, reported per figure):
   linear figures : |gf - ref| / max(|gf|, |ref|); both below 1e-14 in magnitude counts as 0.
   log10 figures  : |10**(gf - ref) - 1|, i.e. the relative error of the underlying norm.
   null vs number : infinite error.
-Exit: 0 all within --tol (default 1e-8), 1 any mismatch (figures or constants) -- or, with --strict, any
-placement gradflow rejects (UNSUPPORTED) --, 2 usage / IO / run error.
+With --all the placements come from gradflow's own registry, so a new one cannot be skipped: a listed
+placement the reference cannot build fails as NO_REFERENCE, and (with --baselines DIR) one without
+DIR/<id>.json fails as NO_BASELINE, whatever --strict says; the summary names each.
+
+Exit: 0 all within --tol (default 1e-8), 1 any mismatch (figures or constants), NO_REFERENCE or NO_BASELINE
+-- or, with --strict, any placement gradflow rejects (UNSUPPORTED) --, 2 usage / IO / run error.
 """
 import argparse
 import glob
@@ -104,6 +108,36 @@ def find_export(base):
     raise UsageError(f"export file {base} not written (candidates: {hits})")
 
 
+def registry(gradflow):
+    """The placement ids gradflow lists (`archs --format json`), in its order."""
+    p = subprocess.run([gradflow, "archs", "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+    if p.returncode != 0:
+        raise UsageError(f"`{gradflow} archs --format json` exited {p.returncode}: {p.stderr.strip()}")
+    try:
+        return [a["id"] for a in json.loads(p.stdout)["architectures"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"`{gradflow} archs --format json` is not a placement list: {e}")
+
+
+def reference_support(arch):
+    """None if the reference can build this placement, else why not."""
+    if R.ALIASES.get(arch, arch) in R.ARCHS:
+        return None
+    return (f"no reference support: gradflow lists placement '{arch}' but tests/reference/gradflow_reference.py "
+            "has no formulas for it (add them there, with a self-test)")
+
+
+def baseline_missing(arch, baselines):
+    """None if DIR/<id>.json exists (or no DIR was given), else why the placement fails."""
+    if baselines is None:
+        return None
+    path = os.path.join(baselines, f"{arch}.json")
+    if os.path.isfile(path):
+        return None
+    return f"no baseline: {path} does not exist (scripts/make-baselines writes it; see data/baselines/README.md)"
+
+
 def run_gradflow(args, arch, tmp):
     exp = os.path.join(tmp, f"{arch}.safetensors")
     out = os.path.join(tmp, f"{arch}.json")
@@ -132,6 +166,9 @@ def compare_arch(args, arch, tmp):
         status = "UNSUPPORTED" if p.returncode == 2 and ("placement" in low or "arch" in low
                                                          or "does not apply" in low) else "ERROR"
         return status, [], [f"gradflow exit {p.returncode}: {msg}", "command: " + " ".join(cmd)]
+    why = reference_support(arch)
+    if why:
+        return "NO_REFERENCE", [], [why]
     try:
         exp = find_export(exp)
         with open(out) as f:
@@ -230,7 +267,7 @@ def main(argv=None):
     p.add_argument("--gradflow", required=True, help="path to the gradflow binary")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--arch")
-    g.add_argument("--all", action="store_true", help="every placement of architectures.md")
+    g.add_argument("--all", action="store_true", help="every placement `gradflow archs --format json` lists")
     p.add_argument("--depth", type=int, default=3)
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--heads", type=int, default=2)
@@ -256,6 +293,8 @@ def main(argv=None):
     p.add_argument("--wrong-variant", choices=["keel-alpha-on-branch"],
                    help="deliberately build a WRONG reference (test that mismatches are caught)")
     p.add_argument("--keep", help="keep the exports and gradflow JSON in this directory")
+    p.add_argument("--baselines", metavar="DIR",
+                   help="with --all: every listed placement must also have DIR/<id>.json (else NO_BASELINE)")
     try:
         args = p.parse_args(argv)
     except SystemExit as e:
@@ -263,27 +302,46 @@ def main(argv=None):
     if not (os.path.isfile(args.gradflow) and os.access(args.gradflow, os.X_OK)):
         print(f"compare.py: gradflow binary not found or not executable: {args.gradflow}", file=sys.stderr)
         return 2
-    archs = R.ARCHS if args.all else [args.arch]
+    try:
+        archs = registry(args.gradflow) if args.all else [args.arch]
+    except UsageError as e:
+        print(f"compare.py: {e}", file=sys.stderr)
+        return 2
     tmp = args.keep or tempfile.mkdtemp(prefix="gf_compare_")
     os.makedirs(tmp, exist_ok=True)
     results = []
     try:
         for arch in archs:
-            status, rows, notes = compare_arch(args, arch, tmp)
+            status, rows, notes = uncovered(arch, args.baselines) if args.all else (None, [], [])
+            if status is None:
+                status, rows, notes = compare_arch(args, arch, tmp)
             print_table(arch, status, rows, notes, args.tol)
-            results.append((arch, status))
+            results.append((arch, status, notes))
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    print("\nsummary: " + ", ".join(f"{a}={s}" for a, s in results))
-    return exit_code([s for _, s in results], args.all, args.strict)
+    print("\nsummary: " + ", ".join(f"{a}={s}" for a, s, _ in results))
+    for arch, status, notes in results:
+        if status in ("NO_REFERENCE", "NO_BASELINE"):
+            print(f"FAILED, not covered: {arch}: " + "; ".join(notes))
+    return exit_code([s for _, s, _ in results], args.all, args.strict)
+
+
+def uncovered(arch, baselines):
+    """(status, [], reasons) for a listed placement the suite cannot vouch for -- no reference support, or no
+    baseline in `baselines` (when given) --, else (None, [], [])."""
+    no_reference, no_baseline = reference_support(arch), baseline_missing(arch, baselines)
+    if not (no_reference or no_baseline):
+        return None, [], []
+    return ("NO_REFERENCE" if no_reference else "NO_BASELINE"), [], [w for w in (no_reference, no_baseline) if w]
 
 
 def exit_code(statuses, all_archs, strict):
-    """1: a MISMATCH, or (with --strict) an UNSUPPORTED placement; 2: an ERROR, or UNSUPPORTED for a single
-    --arch without --strict; else 0 (with --all, UNSUPPORTED alone does not fail unless --strict)."""
+    """1: a MISMATCH, NO_REFERENCE or NO_BASELINE, or (with --strict) an UNSUPPORTED placement; 2: an ERROR, or
+    UNSUPPORTED for a single --arch without --strict; else 0 (with --all, UNSUPPORTED alone does not fail
+    unless --strict)."""
     statuses = set(statuses)
-    if "MISMATCH" in statuses or (strict and "UNSUPPORTED" in statuses):
+    if statuses & {"MISMATCH", "NO_REFERENCE", "NO_BASELINE"} or (strict and "UNSUPPORTED" in statuses):
         return 1
     if "ERROR" in statuses or (not all_archs and "UNSUPPORTED" in statuses):
         return 2

@@ -4,7 +4,9 @@ writes random weights to --export-weights in the CONTRACT.md layout and a CONTRA
 figures come from the reference itself.  `--perturb FIG` scales one figure by (1 + 1e-6) so the
 comparison must fail.  FAKE_GRADFLOW_REJECT=ARCH[,ARCH...] makes it reject those archs with exit 2
 ("does not apply"), as gradflow does for an option that does not fit a placement.  Constants are written
-in gradflow's form {"value": v, "formula": ..., "unit": ...}."""
+in gradflow's form {"value": v, "formula": ..., "unit": ...}.
+`archs --format json` lists the reference's placements, or FAKE_GRADFLOW_ARCHS=ID[,ID...] (ids the
+reference does not know included: a stand-in for a newly registered placement)."""
 import argparse
 import json
 import os
@@ -16,9 +18,21 @@ import gradflow_reference as R  # noqa: E402
 import test_reference_selftest as T  # noqa: E402
 
 
+def archs():
+    if sys.argv[2:] != ["--format", "json"]:
+        print("fake_gradflow: usage: archs --format json", file=sys.stderr)
+        return 2
+    listed = os.environ.get("FAKE_GRADFLOW_ARCHS")
+    ids = listed.split(",") if listed else R.ARCHS
+    print(json.dumps({"schema_version": 1, "architectures": [{"id": i, "aliases": []} for i in ids]}))
+    return 0
+
+
 def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "archs":
+        return archs()
     if len(sys.argv) < 2 or sys.argv[1] != "analyze":
-        print("fake_gradflow: usage: analyze ...", file=sys.stderr)
+        print("fake_gradflow: usage: analyze ... | archs --format json", file=sys.stderr)
         return 2
     p = argparse.ArgumentParser()
     for f in ("--arch", "--block", "--norm", "--init", "--precision", "--export-weights", "-o",
