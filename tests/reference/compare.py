@@ -35,6 +35,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gradflow_reference as R  # noqa: E402
+import placement_file as PF  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 STATE_FIGS = ["rms", "log10_grad", "log10_grad_rel"]
 SUB_FIGS = ["gain", "skip_gain", "branch_gain", "branch_rms", "stream_share"]
@@ -109,23 +112,49 @@ def find_export(base):
 
 
 def registry(gradflow):
-    """The placement ids gradflow lists (`archs --format json`), in its order."""
+    """The placements gradflow lists (`archs --format json`), in its order: [(id, source)], source the file's
+    path for a placement file, None for a built-in (docs/placement-files.md: `source`, "built-in")."""
     p = subprocess.run([gradflow, "archs", "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True)
     if p.returncode != 0:
         raise UsageError(f"`{gradflow} archs --format json` exited {p.returncode}: {p.stderr.strip()}")
     try:
-        return [a["id"] for a in json.loads(p.stdout)["architectures"]]
+        entries = json.loads(p.stdout)["architectures"]
+        return [(a["id"], None if a.get("source", "built-in") == "built-in" else a["source"]) for a in entries]
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"`{gradflow} archs --format json` is not a placement list: {e}")
 
 
-def reference_support(arch):
-    """None if the reference can build this placement, else why not."""
-    if R.ALIASES.get(arch, arch) in R.ARCHS:
+def registered_source(gradflow, arch):
+    """The placement file gradflow loads for id `arch` (None: a built-in, a path, or not listed)."""
+    if arch.endswith(".toml"):
+        return arch
+    try:
+        return dict(registry(gradflow)).get(arch)
+    except UsageError:
         return None
-    return (f"no reference support: gradflow lists placement '{arch}' but tests/reference/gradflow_reference.py "
-            "has no formulas for it (add them there, with a self-test)")
+
+
+def file_path(source):
+    """A placement file's path as `archs` gives it: absolute, relative to here, or to the repository."""
+    for path in (source, os.path.join(REPO, source)):
+        if os.path.isfile(path):
+            return path
+    return source
+
+
+def reference_support(arch, source=None):
+    """(placement file or None, None) if the reference can build this placement, else (None, why not)."""
+    if source is not None:
+        try:
+            return PF.load(file_path(source)), None
+        except (OSError, ValueError) as e:
+            return None, (f"no reference support: tests/reference/placement_file.py cannot read placement "
+                          f"'{arch}' ({source}): {e}")
+    if R.ALIASES.get(arch, arch) in R.ARCHS:
+        return None, None
+    return None, (f"no reference support: gradflow lists placement '{arch}' but tests/reference/"
+                  "gradflow_reference.py has no formulas for it and it is not a placement file")
 
 
 def baseline_missing(arch, baselines):
@@ -139,8 +168,9 @@ def baseline_missing(arch, baselines):
 
 
 def run_gradflow(args, arch, tmp):
-    exp = os.path.join(tmp, f"{arch}.safetensors")
-    out = os.path.join(tmp, f"{arch}.json")
+    stem = os.path.basename(arch)
+    exp = os.path.join(tmp, f"{stem}.safetensors")
+    out = os.path.join(tmp, f"{stem}.json")
     cmd = [args.gradflow, "analyze", "--arch", arch, "--depth", str(args.depth), "--width", str(args.width),
            "--heads", str(args.heads), "--seq", str(args.seq), "--block", args.block, "--norm", args.norm,
            "--init", args.init, "--precision", "f64", "--seed", str(args.seed),
@@ -155,8 +185,12 @@ def run_gradflow(args, arch, tmp):
     return cmd, p, exp, out
 
 
-def compare_arch(args, arch, tmp):
-    """Returns (status, rows, notes).  status: OK, MISMATCH, UNSUPPORTED, ERROR."""
+def compare_arch(args, arch, tmp, source=None):
+    """Returns (status, rows, notes).  status: OK, MISMATCH, UNSUPPORTED, NO_REFERENCE, ERROR.  `source`: the
+    placement file of a file placement (an --arch ending in .toml is one); its figures are compared with the
+    interpreter of placement_file.py and, when its id also has formulas in gradflow_reference.py, with those."""
+    if source is None and arch.endswith(".toml"):
+        source = arch
     cmd, p, exp, out = run_gradflow(args, arch, tmp)
     if p.returncode != 0:
         msg = (p.stderr or p.stdout).strip().splitlines()
@@ -166,9 +200,10 @@ def compare_arch(args, arch, tmp):
         status = "UNSUPPORTED" if p.returncode == 2 and ("placement" in low or "arch" in low
                                                          or "does not apply" in low) else "ERROR"
         return status, [], [f"gradflow exit {p.returncode}: {msg}", "command: " + " ".join(cmd)]
-    why = reference_support(arch)
+    placement, why = reference_support(arch, source)
     if why:
         return "NO_REFERENCE", [], [why]
+    arch_id = placement.id if placement is not None else arch
     try:
         exp = find_export(exp)
         with open(out) as f:
@@ -176,7 +211,7 @@ def compare_arch(args, arch, tmp):
     except (OSError, ValueError, UsageError) as e:
         return "ERROR", [], [str(e)]
     runs = doc.get("runs") or []
-    run = next((r for r in runs if R.ALIASES.get(r.get("arch"), r.get("arch")) == R.ALIASES.get(arch, arch)),
+    run = next((r for r in runs if R.ALIASES.get(r.get("arch"), r.get("arch")) == R.ALIASES.get(arch_id, arch_id)),
                runs[0] if runs else None)
     if run is None or not run.get("seeds"):
         return "ERROR", [], ["gradflow JSON has no runs[].seeds[]"]
@@ -188,16 +223,39 @@ def compare_arch(args, arch, tmp):
                      "= run precision) figures cannot agree beyond ~1e-8"]
     else:
         notes_pre = []
-    overrides = {"block": args.block, "norm": args.norm, "heads": args.heads, "keel_variant": args.keel_variant,
-                 "mix_ratio": args.mix_ratio, "alpha": args.alpha}
+    rows, notes, mismatch = [], [], False
     try:
-        stack, x0, probes, cfg, consts, notes = R.build_from_export(
-            exp, qk_norm=args.qk_norm, lns_index=args.lns_index, wrong_variant=args.wrong_variant,
-            constants_source="spec", overrides=overrides)
-        ref = R.analyze(stack, x0, probes)
+        if placement is not None:
+            ref, fnotes, fbad = file_reference(args, placement, exp, run)
+            frows, knotes, kbad = figure_rows(seed, ref, "F:")
+            rows += frows + [("F:sublayer", "skip_gain_theory") + compare_series(
+                "skip_gain_theory", seed.get("sublayers", {}).get("skip_gain_theory"),
+                ref["sublayers"]["skip_gain_theory"], False)]
+            notes += fnotes + knotes
+            mismatch |= fbad or kbad
+        if R.ALIASES.get(arch_id, arch_id) in R.ARCHS:
+            ref, snotes, sbad = spec_reference(args, exp, run)
+            srows, knotes, kbad = figure_rows(seed, ref, "")
+            rows += srows
+            notes += snotes + knotes
+            mismatch |= sbad or kbad
     except (OSError, ValueError, KeyError) as e:
         return "ERROR", [], [f"reference failed: {e}"]
+    notes = [n if n.startswith(("info", "CONSTANT", "CONFIG")) else "note: " + n for n in notes] + notes_pre
+    mismatch |= any(not (row[2] <= args.tol) for row in rows)
+    if not mismatch:
+        notes = [n for n in notes if not n.startswith("hint:")]
+    return ("MISMATCH" if mismatch else "OK"), rows, notes
 
+
+def spec_reference(args, exp, run):
+    """The hand-written formulas of gradflow_reference.py: (figures, notes, constants mismatch)."""
+    overrides = {"block": args.block, "norm": args.norm, "heads": args.heads, "keel_variant": args.keel_variant,
+                 "mix_ratio": args.mix_ratio, "alpha": args.alpha}
+    stack, x0, probes, cfg, consts, notes = R.build_from_export(
+        exp, qk_norm=args.qk_norm, lns_index=args.lns_index, wrong_variant=args.wrong_variant,
+        constants_source="spec", overrides=overrides)
+    ref = R.analyze(stack, x0, probes)
     # Constants: the reference used the spec (or the explicitly requested override); a different
     # constant in gradflow's resolved config is a mismatch unless it was explicitly requested.
     mismatch = False
@@ -213,17 +271,52 @@ def compare_arch(args, arch, tmp):
         else:
             notes.append("CONSTANT MISMATCH: " + n)
             mismatch = True
-    notes = [n if n.startswith(("info", "CONSTANT")) else "note: " + n for n in notes] + notes_pre
+    return ref, notes, mismatch
 
-    rows = []
+
+def file_reference(args, placement, exp, run):
+    """The placement file through placement_file.py: (figures, notes, mismatch of constants or recorded file).
+    docs/placement-files.md: config.constants holds each named constant at the last sublayer, and
+    config.placement_file the file's text and its FNV-1a 64 hash."""
+    overrides = {"block": args.block, "norm": args.norm, "heads": args.heads}
+    ref = PF.run_reference(placement, exp, overrides)
+    notes, mismatch = list(ref["notes"]), False
+    cfg = run.get("config") or {}
+    jc = dict(cfg.get("constants") or {})
+    for name, value in ref["constants"].items():
+        got = R._num(jc.pop(name, None))
+        if got is None or not R._close(got, value):
+            notes.append(f"CONSTANT MISMATCH: {placement.id}: config constants.{name} = {got!r} but the file "
+                         f"gives {value!r}")
+            mismatch = True
+    notes += [f"info: config constant '{k}' is not in the file" for k in jc]
+    recorded = cfg.get("placement_file") or {}
+    text = recorded.get("text", cfg.get("placement_file.text"))
+    digest = recorded.get("hash", cfg.get("placement_file.hash"))
+    with open(file_path(placement.source), "rb") as f:
+        want = PF.fnv1a64(f.read())
+    if text != placement.text:
+        notes.append(f"CONFIG: config.placement_file.text is not the text of {placement.source}")
+        mismatch = True
+    if digest != want:
+        notes.append(f"CONFIG: config.placement_file.hash = {digest!r} but {placement.source} hashes to {want}")
+        mismatch = True
+    return ref, notes, mismatch
+
+
+def figure_rows(seed, ref, label):
+    """Rows (where, figure, err, index, gradflow, reference, note) of one reference's figures, with notes and
+    whether the sublayer kinds differ."""
+    rows, notes = [], []
     gs, gl = seed.get("states", {}), seed.get("sublayers", {})
     for fig in STATE_FIGS:
-        rows.append(("state", fig) + compare_series(fig, gs.get(fig), ref["states"][fig], fig.startswith("log10")))
+        rows.append((label + "state", fig) + compare_series(fig, gs.get(fig), ref["states"][fig],
+                                                            fig.startswith("log10")))
     for fig in SUB_FIGS:
-        rows.append(("sublayer", fig) + compare_series(fig, gl.get(fig), ref["sublayers"][fig], False))
-    if gl.get("kind") is not None and list(gl["kind"]) != ref["sublayers"]["kind"]:
+        rows.append((label + "sublayer", fig) + compare_series(fig, gl.get(fig), ref["sublayers"][fig], False))
+    bad = gl.get("kind") is not None and list(gl["kind"]) != ref["sublayers"]["kind"]
+    if bad:
         notes.append(f"kind differs: gradflow {gl['kind']} reference {ref['sublayers']['kind']}")
-        mismatch = True
     gstreams = gs.get("streams") or {}
     for name, rs in ref["states"]["streams"].items():
         if name not in gstreams:
@@ -231,14 +324,9 @@ def compare_arch(args, arch, tmp):
                 notes.append(f"info: stream '{name}' not in gradflow output (has {sorted(gstreams)})")
             continue
         for fig in ("rms", "log10_grad"):
-            rows.append((f"stream {name}", fig) + compare_series(fig, gstreams[name].get(fig), rs[fig],
-                                                                 fig == "log10_grad"))
-    for row in rows:
-        if not (row[2] <= args.tol):
-            mismatch = True
-    if not mismatch:
-        notes = [n for n in notes if not n.startswith("hint:")]
-    return ("MISMATCH" if mismatch else "OK"), rows, notes
+            rows.append((f"{label}stream {name}", fig) + compare_series(fig, gstreams[name].get(fig), rs[fig],
+                                                                        fig == "log10_grad"))
+    return rows, notes, bad
 
 
 def fmt(v):
@@ -252,11 +340,11 @@ def fmt(v):
 def print_table(arch, status, rows, notes, tol):
     print(f"== {arch}: {status}")
     if rows:
-        print(f"   {'where':<10} {'figure':<15} {'max err':>10}  {'at':>3}  {'gradflow':>24}  {'reference':>24}")
+        print(f"   {'where':<10} {'figure':<16} {'max err':>10}  {'at':>3}  {'gradflow':>24}  {'reference':>24}")
     for where, fig, e, i, a, b, note in rows:
         flag = "" if e <= tol else "   <-- MISMATCH"
         es = "inf" if math.isinf(e) else f"{e:.2e}"
-        print(f"   {where:<10} {fig:<15} {es:>10}  {fmt(i):>3}  {fmt(a):>24}  {fmt(b):>24}{flag}"
+        print(f"   {where:<10} {fig:<16} {es:>10}  {fmt(i):>3}  {fmt(a):>24}  {fmt(b):>24}{flag}"
               + (f"  ({note})" if note else ""))
     for n in notes:
         print("   " + n)
@@ -303,7 +391,7 @@ def main(argv=None):
         print(f"compare.py: gradflow binary not found or not executable: {args.gradflow}", file=sys.stderr)
         return 2
     try:
-        archs = registry(args.gradflow) if args.all else [args.arch]
+        archs = registry(args.gradflow) if args.all else [(args.arch, registered_source(args.gradflow, args.arch))]
     except UsageError as e:
         print(f"compare.py: {e}", file=sys.stderr)
         return 2
@@ -311,10 +399,10 @@ def main(argv=None):
     os.makedirs(tmp, exist_ok=True)
     results = []
     try:
-        for arch in archs:
-            status, rows, notes = uncovered(arch, args.baselines) if args.all else (None, [], [])
+        for arch, source in archs:
+            status, rows, notes = uncovered(arch, source, args.baselines) if args.all else (None, [], [])
             if status is None:
-                status, rows, notes = compare_arch(args, arch, tmp)
+                status, rows, notes = compare_arch(args, arch, tmp, source)
             print_table(arch, status, rows, notes, args.tol)
             results.append((arch, status, notes))
     finally:
@@ -327,10 +415,10 @@ def main(argv=None):
     return exit_code([s for _, s, _ in results], args.all, args.strict)
 
 
-def uncovered(arch, baselines):
+def uncovered(arch, source, baselines):
     """(status, [], reasons) for a listed placement the suite cannot vouch for -- no reference support, or no
     baseline in `baselines` (when given) --, else (None, [], [])."""
-    no_reference, no_baseline = reference_support(arch), baseline_missing(arch, baselines)
+    no_reference, no_baseline = reference_support(arch, source)[1], baseline_missing(arch, baselines)
     if not (no_reference or no_baseline):
         return None, [], []
     return ("NO_REFERENCE" if no_reference else "NO_BASELINE"), [], [w for w in (no_reference, no_baseline) if w]
