@@ -248,7 +248,10 @@ class Where:
                 raise FileError(f"constant '{name}' depends on itself")
             self.busy.add(name)
             raw = self.p.constants[name]
-            self.cache[name] = float(raw) if isinstance(raw, (int, float)) else self.value(self.p.constant_ast[name])
+            value = float(raw) if isinstance(raw, (int, float)) else self.value(self.p.constant_ast[name])
+            if not math.isfinite(value):  # a TOML number may be nan or inf
+                raise FileError(f"constant '{name}' is {value}")
+            self.cache[name] = value
             self.busy.discard(name)
         return self.cache[name]
 
