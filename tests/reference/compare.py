@@ -135,6 +135,15 @@ def registered_source(gradflow, arch):
         return None
 
 
+def hand_written(arch_id):
+    """The placement whose formulas gradflow_reference.py has for this id: the id itself (or its alias), or for
+    a file named `<built-in>-file` (a built-in restated as a file) that built-in; else None."""
+    for name in (arch_id, arch_id[:-len("-file")] if arch_id.endswith("-file") else None):
+        if name is not None and R.ALIASES.get(name, name) in R.ARCHS:
+            return R.ALIASES.get(name, name)
+    return None
+
+
 def file_path(source):
     """A placement file's path as `archs` gives it: absolute, relative to here, or to the repository."""
     for path in (source, os.path.join(REPO, source)):
@@ -233,8 +242,8 @@ def compare_arch(args, arch, tmp, source=None):
                 ref["sublayers"]["skip_gain_theory"], False)]
             notes += fnotes + knotes
             mismatch |= fbad or kbad
-        if R.ALIASES.get(arch_id, arch_id) in R.ARCHS:
-            ref, snotes, sbad = spec_reference(args, exp, run)
+        if hand_written(arch_id):
+            ref, snotes, sbad = spec_reference(args, exp, run, hand_written(arch_id))
             srows, knotes, kbad = figure_rows(seed, ref, "")
             rows += srows
             notes += snotes + knotes
@@ -248,10 +257,10 @@ def compare_arch(args, arch, tmp, source=None):
     return ("MISMATCH" if mismatch else "OK"), rows, notes
 
 
-def spec_reference(args, exp, run):
-    """The hand-written formulas of gradflow_reference.py: (figures, notes, constants mismatch)."""
+def spec_reference(args, exp, run, arch):
+    """The hand-written formulas of gradflow_reference.py for `arch`: (figures, notes, constants mismatch)."""
     overrides = {"block": args.block, "norm": args.norm, "heads": args.heads, "keel_variant": args.keel_variant,
-                 "mix_ratio": args.mix_ratio, "alpha": args.alpha}
+                 "mix_ratio": args.mix_ratio, "alpha": args.alpha, "arch": arch}
     stack, x0, probes, cfg, consts, notes = R.build_from_export(
         exp, qk_norm=args.qk_norm, lns_index=args.lns_index, wrong_variant=args.wrong_variant,
         constants_source="spec", overrides=overrides)

@@ -700,9 +700,10 @@ def build_from_export(path, qk_norm="rms", lns_index="block", wrong_variant=None
                       overrides=None):
     """Build the reference stack for an export.  `overrides` (keys: block, norm, heads, keel_variant,
     mix_ratio, alpha) are what the caller asked gradflow for; they take precedence over the exported
-    config (and any disagreement is noted), so the reference does not have to trust the config."""
+    config (and any disagreement is noted), so the reference does not have to trust the config.
+    overrides["arch"]: build these formulas whatever the export's arch (a placement file restating a built-in)."""
     arch, cfg, meta, x0, probes, weights = load_export(path)
-    arch = ALIASES.get(arch, arch)
+    arch = ALIASES.get((overrides or {}).get("arch") or arch, (overrides or {}).get("arch") or arch)
     ov = {k: v for k, v in (overrides or {}).items() if v is not None}
     notes = []
 

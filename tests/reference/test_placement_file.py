@@ -7,6 +7,7 @@ docs/placement-files.md) are checked one by one.
 
 Run:  /usr/bin/python3 tests/reference/test_placement_file.py     (prints 'N passed, M failed')
 """
+import glob
 import math
 import os
 import sys
@@ -105,6 +106,32 @@ def built_ins_as_files_match_the_hand_written_reference():
             except AssertionError as e:
                 raise AssertionError(f"{arch} {block} {norm}: {e}")
     print(f"     built-ins as files vs hand-written reference: worst relative difference {worst:.1e}")
+
+
+@test
+def shipped_files_read_and_restate_their_built_ins():
+    """Every data/placements/**/*.toml is read by the interpreter and runs; one whose id is a built-in's (or
+    `<built-in>-file`) reproduces the hand-written formulas, q/k/v norms as [P] states them."""
+    import compare as C
+    repo = os.path.dirname(os.path.dirname(HERE))
+    paths = sorted(glob.glob(os.path.join(repo, "data", "placements", "**", "*.toml"), recursive=True))
+    worst, restated = 0.0, []
+    for path in paths:
+        p = PF.load(path)
+        built_in = C.hand_written(p.id)
+        for block, norm in (("attn-ffn", "rms"), ("ffn", "layer"), ("attn", "dyt")):
+            export = T.make_export(built_in or "post-ln", B=4, block=block, norm=norm,
+                                   name=f"shipped_{p.id}_{block}.st")
+            mine = PF.run_reference(p, export)
+            if built_in:
+                stack, x0, probes, *_ = R.build_from_export(export, qk_norm="follow", overrides={"arch": built_in})
+                try:
+                    worst = max(worst, figures_equal(R.analyze(stack, x0, probes), mine))
+                except AssertionError as e:
+                    raise AssertionError(f"{path} ({block}, {norm}) is not {built_in}: {e}")
+        if built_in:
+            restated.append(p.id)
+    print(f"     {len(paths)} shipped files; {len(restated)} restate a built-in, worst difference {worst:.1e}")
 
 
 @test
