@@ -372,9 +372,12 @@ class PlacementFile:
         self.entries = [Entry(e, self) for e in doc["sublayer"]]
 
     def _check_names(self):
+        """[P] Names: identifiers, not reserved, no two alike; a stream may take a size's name (ResiDual's `d`)
+        and then means the stream inside rules and the output head."""
         names = self.streams + list(self.constants)
         for n in names:
-            if not re.fullmatch(r"[A-Za-z_]\w*", n) or n in RESERVED:
+            size_stream = n in self.streams and n in SIZES + ("l", "b")
+            if not re.fullmatch(r"[A-Za-z_]\w*", n) or (n in RESERVED and not size_stream):
                 raise FileError(f"{self.source}: '{n}' is not a usable name (reserved or not an identifier)")
         if len(set(names)) != len(names):
             raise FileError(f"{self.source}: a stream and a constant share a name: {names}")

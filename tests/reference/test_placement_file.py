@@ -43,8 +43,8 @@ BUILT_INS = {
                         '[[sublayer]]\nwhen = "b == 0"\nrule = "x <- x + F(N(x))"\nqkv_norm = "per_head_qkv"\n'
                         '[[sublayer]]\nwhen = "kind == attn"\nrule = "x <- x + F(x)"\nqkv_norm = "per_head_qkv"\n'
                         '[[sublayer]]\nrule = """\nh = N(x)\nx <- h +\n  F(h)\n"""\n'),
-    "resi-dual": ('streams = ["a", "e"]\noutput = "a + N(e)"\n'
-                  '[[sublayer]]\nrule = "o = F(a); a, e <- N(a + o), e + o"\n'),
+    "resi-dual": ('streams = ["a", "d"]\noutput = "a + N(d)"\n'  # [P] a stream may take a size's name
+                  '[[sublayer]]\nrule = "o = F(a); a, d <- N(a + o), d + o"\n'),
     "siamese-norm": ('streams = ["X", "Y"]\noutput = "N(N(X) + N(Y))"\n[constants]\nc = "sqrt(2*(b + 1))"\n'
                      '[[sublayer]]\nrule = "Xn = N(X); O = F(N(Xn + N(Y))); X, Y <- Xn + O/c, Y + O"\n'),
     "peri-ln": 'output = "N(x)"\n[[sublayer]]\nrule = "x <- x + N(F(N(x)))"\n',
