@@ -88,6 +88,19 @@ struct FigureComparer {
 // Records a mismatch and returns false when the two runs measure different configurations.
 bool same_config(const json& result_config, const json& baseline_config, const std::string& arch,
                  Comparison& comparison) {
+  // A placement file's definition travels in the config (its text and hash): runs of two different
+  // definitions under one id are not comparable at all (docs/placement-files.md).
+  const json a_file = baseline_config.value("placement_file", json()),
+             b_file = result_config.value("placement_file", json());
+  const json a_hash = a_file.is_object() ? a_file.value("hash", json()) : json();
+  const json b_hash = b_file.is_object() ? b_file.value("hash", json()) : json();
+  if (a_hash != b_hash) {
+    throw InputError(
+        fmt::format("placement '{}': the two runs were made with different placement definitions ({} "
+                    "and {}); compare runs of the same definition",
+                    arch, a_hash.is_null() ? "built-in" : a_hash.get<std::string>(),
+                    b_hash.is_null() ? "built-in" : b_hash.get<std::string>()));
+  }
   for (const std::string& field : compared_config_keys()) {
     const json a = baseline_config.value(field, json()), b = result_config.value(field, json());
     if (a != b) {

@@ -44,6 +44,11 @@ void SublayerGraph::set_outputs(std::initializer_list<Value> outputs) {
   for (const Value v : outputs) outputs_.push_back(v.id);
 }
 
+void SublayerGraph::set_outputs(const std::vector<Value>& outputs) {
+  outputs_.clear();
+  for (const Value v : outputs) outputs_.push_back(v.id);
+}
+
 void SublayerGraph::mark_update(Value update, Value sum) {
   update_id_ = update.id;
   sum_id_ = sum.id;

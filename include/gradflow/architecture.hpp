@@ -1,6 +1,8 @@
 // The registry of residual / normalisation placements: one recipe file per architecture
 // (src/archs/*.cpp), one table (src/archs/registry.cpp).
 #pragma once
+#include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -84,21 +86,32 @@ struct Architecture {
   // enables the exact stream decomposition (stream_decomposition, metrics.md).
   bool additive_stream = false;
 
-  Constants (*constants)(const ModelConfig&) = nullptr;
-  void (*build_sublayer)(SublayerGraph&, const SublayerContext&) = nullptr;
+  // Functions rather than plain pointers so that a placement file's definition
+  // (placement_file.hpp) can be bound into them; built-in recipes assign capture-free lambdas.
+  std::function<Constants(const ModelConfig&)> constants;
+  std::function<void(SublayerGraph&, const SublayerContext&)> build_sublayer;
   // The output y from the final state's streams (final norm or combination); one output.
-  void (*build_output)(SublayerGraph&, const SublayerContext&) = nullptr;
+  std::function<void(SublayerGraph&, const SublayerContext&)> build_output;
   // Closed-form skip factor under the idealised branch (architectures.md), when one exists.
-  std::optional<double> (*skip_gain_theory)(const SublayerContext&) = nullptr;
-  // Multiplier on the base init's standard deviation (DeepNorm's beta), 1 when null.
-  double (*init_gain)(const SublayerContext&, WeightMatrix) = nullptr;
+  std::function<std::optional<double>(const SublayerContext&)> skip_gain_theory;
+  // Multiplier on the base init's standard deviation (DeepNorm's beta), 1 when empty.
+  std::function<double(const SublayerContext&, WeightMatrix)> init_gain;
+  // Where the definition comes from: "built-in", or a placement file's path; for a file also its
+  // text and hash ("fnv1a64:" and 16 hex digits), recorded in each run's config.
+  std::string_view source = "built-in";
+  std::string_view file_text;
+  std::string_view file_hash;
+  std::string_view defined_at;  // a file's "path:line:column" of its id, for errors naming it
   // nGPT: after the base draw, every matrix is normalised along the width-d (embedding) dimension
   // (normalize_along_width, initialization.hpp).
   bool unit_norm_weights = false;
 };
 
-const std::vector<Architecture>& architectures();
-// By id or alias; throws InputError naming the nearest valid id.
+// Built-ins, then placement files (data/placements, GRADFLOW_PLACEMENTS, then --arch PATH.toml as
+// loaded); a deque, so that references stay valid as files are added.
+const std::deque<Architecture>& architectures();
+// By id or alias, or a placement file by path (ending in .toml);
+// throws InputError naming the nearest valid id.
 const Architecture& find_architecture(std::string_view id);
 // "all" or a comma-separated list, each resolved by find_architecture, duplicates removed.
 std::vector<const Architecture*> parse_architecture_list(std::string_view list);

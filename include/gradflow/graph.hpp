@@ -45,6 +45,7 @@ class SublayerGraph {
 
   // The streams of the next state, in order.
   void set_outputs(std::initializer_list<Value> outputs);
+  void set_outputs(const std::vector<Value>& outputs);  // the same, for a count known at run time
   // The update this sublayer adds to the stream (after its scaling) and the pre-norm sum it is
   // added into: they define branch_rms and stream_share.
   void mark_update(Value update, Value sum);

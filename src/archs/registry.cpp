@@ -4,17 +4,23 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <deque>
+#include <filesystem>
+#include <map>
 #include <stdexcept>
 
 #include "archs.hpp"
 #include "gradflow/errors.hpp"
+#include "gradflow/placement_file.hpp"
 #include "gradflow/suggest.hpp"
 
 namespace gradflow {
 
-const std::vector<Architecture>& architectures() {
-  // Adding a placement: one file in src/archs/ and one row here.
-  static const std::vector<Architecture> table = {
+namespace {
+std::vector<Architecture> built_in_architectures() {
+  // Adding a placement: a file in data/placements/ (docs/placement-files.md); a recipe the file
+  // format cannot express: one file in src/archs/ and one row here.
+  return {
       archs::post_ln(),
       archs::pre_ln(),
       archs::deepnorm(),
@@ -37,7 +43,70 @@ const std::vector<Architecture>& architectures() {
       archs::deepnorm_glm(),
       archs::plain(),
   };
+}
+
+// Refuses a second definition of an id (or alias), naming both sources.
+void add_unique(std::deque<Architecture>& table, Architecture arch) {
+  for (const Architecture& other : table) {
+    std::vector<std::string_view> names = other.aliases;
+    names.push_back(other.id);
+    for (const std::string_view name : names) {
+      if (name == arch.id ||
+          std::find(arch.aliases.begin(), arch.aliases.end(), name) != arch.aliases.end()) {
+        throw InputError(fmt::format("{}: placement '{}' is already defined by {}; give it another id",
+                                     arch.defined_at, std::string(name), other.source));
+      }
+    }
+  }
+  table.push_back(std::move(arch));
+}
+
+// The *.toml files of one directory, in name order (a missing directory has none).
+std::vector<std::string> placement_files(const std::string& directory) {
+  std::vector<std::string> files;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".toml")
+      files.push_back(entry.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Built-ins, then the files of placement_directories(), then files named by path (--arch
+// PATH.toml) as they are loaded: a deque, so that earlier references stay valid.
+std::deque<Architecture>& registry() {
+  static std::deque<Architecture> table = [] {
+    std::deque<Architecture> out;
+    for (Architecture& arch : built_in_architectures()) out.push_back(std::move(arch));
+    for (const std::string& directory : placement_directories()) {
+      for (const std::string& file : placement_files(directory)) add_unique(out, load_placement_file(file));
+    }
+    return out;
+  }();
   return table;
+}
+
+// A placement file named by path, loaded once per path.
+const Architecture& architecture_from_path(std::string_view path) {
+  static std::map<std::string, const Architecture*, std::less<>> by_path;
+  if (const auto known = by_path.find(path); known != by_path.end()) return *known->second;
+  std::error_code error;
+  const std::string absolute = std::filesystem::weakly_canonical(std::string(path), error).string();
+  for (const Architecture& arch : registry()) {
+    std::error_code ignored;
+    if (arch.source != "built-in" &&
+        std::filesystem::weakly_canonical(std::string(arch.source), ignored) == absolute)
+      return *(by_path[std::string(path)] = &arch);
+  }
+  std::deque<Architecture>& table = registry();
+  add_unique(table, load_placement_file(std::string(path)));
+  return *(by_path[std::string(path)] = &table.back());
+}
+}  // namespace
+
+const std::deque<Architecture>& architectures() {
+  return registry();
 }
 
 namespace {
@@ -58,6 +127,7 @@ std::string canonical_spelling(std::string_view name) {
 }  // namespace
 
 const Architecture& find_architecture(std::string_view id) {
+  if (is_placement_path(id)) return architecture_from_path(id);
   std::vector<std::string> spellings;
   std::vector<const Architecture*> owners;
   for (const Architecture& arch : architectures()) {

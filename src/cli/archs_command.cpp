@@ -100,6 +100,7 @@ int run_archs(const ArchsOptions& options) {
           constants_text(*arch, config), config.blocks, config.sublayers(), fmt::join(arch->streams, ", "),
           arch->expected_growth, arch->citation);
       if (arch->provisional) fmt::print("  provisional: {}\n", arch->provisional_note);
+      if (arch->source != "built-in") fmt::print("  file:        {} ({})\n", arch->source, arch->file_hash);
       if (!arch->options.empty()) fmt::print("  options:     {}\n", options_text(*arch));
       print_closed_forms(*arch, config);
       fmt::print("\n");
@@ -107,6 +108,7 @@ int run_archs(const ArchsOptions& options) {
       fmt::print("{:<16} {}{}\n  final norm: {}\n  constants:  {}\n  source:     {}\n", arch->id,
                  arch->update_rule, arch->provisional ? "  [PROVISIONAL: see --arch for why]" : "",
                  arch->final_norm, constants_text(*arch, config), arch->citation);
+      if (arch->source != "built-in") fmt::print("  file:       {}\n", arch->source);
     }
   }
   if (!detail)

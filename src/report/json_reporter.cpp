@@ -177,6 +177,11 @@ json config_to_json(const ArchResult& result) {
   config["constants"] = constants;
   for (const auto name : arch.streams) config["streams"].push_back(std::string(name));
   add_run_config_options(config, arch, c);
+  if (arch.source != "built-in") {  // the definition itself, so the run can be reproduced without the file
+    config["placement_file"] = {{"path", std::string(arch.source)},
+                                {"hash", std::string(arch.file_hash)},
+                                {"text", std::string(arch.file_text)}};
+  }
   return config;
 }
 
@@ -246,7 +251,8 @@ json architecture_to_json(const Architecture& arch, const ModelConfig& config) {
               {"provisional", arch.provisional},
               {"streams", streams},
               {"additive_stream", arch.additive_stream},
-              {"expected_growth_class", std::string(arch.expected_growth)}};
+              {"expected_growth_class", std::string(arch.expected_growth)},
+              {"source", std::string(arch.source)}};
   if (arch.provisional) out["provisional_note"] = std::string(arch.provisional_note);
   return out;
 }

@@ -1,0 +1,26 @@
+// Placement files (docs/placement-files.md): a placement defined in TOML, read at run time and
+// turned into the same Architecture (recipe graph) a built-in recipe is.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "gradflow/architecture.hpp"
+
+namespace gradflow {
+
+// Reads, checks and defines the placement in `path`. Throws InputError with one line
+// "file:line:column: what was expected" for any problem in the file. The definition lives as long
+// as the program (the Architecture's views point into it).
+Architecture load_placement_file(const std::string& path);
+
+// True for an --arch value that names a file rather than an id (it ends in ".toml").
+bool is_placement_path(std::string_view name);
+
+// The directories whose *.toml files are placements found by id: the shipped data/placements,
+// then each entry of GRADFLOW_PLACEMENTS (separated by ':').
+std::vector<std::string> placement_directories();
+
+// FNV-1a 64-bit hash of the bytes, as "fnv1a64:" and 16 lower-case hex digits.
+std::string placement_hash(std::string_view text);
+
+}  // namespace gradflow

@@ -1,0 +1,125 @@
+// The Architecture a checked placement file defines: its recipe functions evaluate the file's
+// rules (placement_rules.cpp); its constants() also checks every sublayer at the run's depth, so
+// a rule selection or a constant that fails there stops the run before any work.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "gradflow/errors.hpp"
+#include "placement_rules.hpp"
+
+namespace gradflow {
+
+namespace {
+using placement::ExprError;
+using placement::PlacementDefinition;
+
+template <typename Body>
+auto reporting_position(Body body) {
+  try {
+    return body();
+  } catch (const ExprError& error) {
+    throw InputError(fmt::format(
+        "{}: {}", error.origin ? error.origin->where(error.offset) : "placement file", error.what()));
+  }
+}
+
+double init_gain(const PlacementDefinition& def, const SublayerContext& ctx, WeightMatrix matrix) {
+  const auto& gain = def.init_gains[static_cast<std::size_t>(matrix)];
+  if (!gain) return 1.0;
+  placement::ConstantEvaluator values(def, placement::position_of(ctx.config, ctx.sublayer));
+  const double value = values.value(*gain);
+  if (value < 0.0)
+    throw ExprError(gain->origin, gain->offset, fmt::format("an init gain must be >= 0, not {}", value));
+  return value;
+}
+
+// Builds every sublayer's graph and evaluates every gain and option at this depth: a file's error
+// that depends on S surfaces here, before any work.
+void check_every_sublayer(const PlacementDefinition& def, const ModelConfig& config) {
+  SublayerGraph scratch;
+  const int streams = static_cast<int>(def.streams.size());
+  for (int l = 0; l < config.sublayers(); ++l) {
+    const placement::Position at = placement::position_of(config, l);
+    scratch.reset(streams);
+    placement::build_sublayer_graph(def, scratch, at);
+    const Constants none;
+    const SublayerContext ctx{config, none, l, at.block, at.kind};
+    for (int m = 0; m < 6; ++m) init_gain(def, ctx, static_cast<WeightMatrix>(m));
+    placement::ConstantEvaluator values(def, at);
+    const placement::SublayerEntry& entry = placement::select_entry(def, values, at);
+    for (const auto* option : {&entry.score_scale, &entry.ffn_hidden_scale}) {
+      if (*option && !(values.value(**option) > 0.0))
+        throw ExprError((*option)->origin, (*option)->offset, "expected a value > 0");
+    }
+    if (entry.skip_gain) values.value(*entry.skip_gain);
+  }
+  scratch.reset(streams);
+  placement::build_output_graph(def, scratch, placement::position_of(config, config.sublayers()));
+}
+
+Constants file_constants(const PlacementDefinition& def, const ModelConfig& config) {
+  check_every_sublayer(def, config);
+  placement::ConstantEvaluator values(def, placement::position_of(config, config.sublayers()));
+  Constants out;
+  for (const auto& [name, e] : def.constants)
+    out.push_back({name, values.value(e), def.constant_texts.at(name), "file"});
+  return out;
+}
+}  // namespace
+
+Architecture placement_architecture(const PlacementDefinition& def) {
+  Architecture arch;
+  arch.id = def.id;
+  for (const std::string& alias : def.aliases) arch.aliases.push_back(alias);
+  arch.update_rule = def.update_rule;
+  arch.final_norm = def.output_text;
+  arch.citation = def.citation;
+  arch.expected_growth = def.expected_growth;
+  arch.provisional = !def.provisional_note.empty();
+  arch.provisional_note = def.provisional_note;
+  arch.streams.clear();
+  for (const std::string& name : def.streams) arch.streams.push_back(name);
+  arch.initial_streams = static_cast<int>(def.streams.size());
+  arch.additive_stream = def.additive;
+  arch.unit_norm_weights = def.unit_norm_weights;
+  arch.source = def.path;
+  arch.file_text = def.text;
+  arch.file_hash = def.hash;
+  arch.defined_at = def.id_at;
+  const PlacementDefinition* d = &def;
+  arch.constants = [d](const ModelConfig& config) {
+    return reporting_position([&] { return file_constants(*d, config); });
+  };
+  arch.build_sublayer = [d](SublayerGraph& g, const SublayerContext& ctx) {
+    reporting_position(
+        [&] { placement::build_sublayer_graph(*d, g, placement::position_of(ctx.config, ctx.sublayer)); });
+  };
+  arch.build_output = [d](SublayerGraph& g, const SublayerContext& ctx) {
+    reporting_position(
+        [&] { placement::build_output_graph(*d, g, placement::position_of(ctx.config, ctx.sublayer)); });
+  };
+  const bool has_skip_gain = std::any_of(def.sublayers.begin(), def.sublayers.end(),
+                                         [](const auto& e) { return e.skip_gain.has_value(); });
+  if (has_skip_gain) {
+    arch.skip_gain_theory = [d](const SublayerContext& ctx) -> std::optional<double> {
+      return reporting_position([&]() -> std::optional<double> {
+        const placement::Position at = placement::position_of(ctx.config, ctx.sublayer);
+        placement::ConstantEvaluator values(*d, at);
+        const placement::SublayerEntry& entry = placement::select_entry(*d, values, at);
+        if (!entry.skip_gain) return std::nullopt;
+        return values.value(*entry.skip_gain);
+      });
+    };
+  }
+  const bool has_gains =
+      std::any_of(def.init_gains.begin(), def.init_gains.end(), [](const auto& g) { return g.has_value(); });
+  if (has_gains) {
+    arch.init_gain = [d](const SublayerContext& ctx, WeightMatrix matrix) {
+      return reporting_position([&] { return init_gain(*d, ctx, matrix); });
+    };
+  }
+  return arch;
+}
+
+}  // namespace gradflow

@@ -1,0 +1,333 @@
+// Static checks of a placement file's definition (docs/placement-files.md): every name known,
+// tensors and constants where each belongs, F exactly once per rule, each stream assigned at most
+// once, every binding used, no cycle among constants; then the update/sum each rule marks.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "gradflow/suggest.hpp"
+#include "placement_rules.hpp"
+
+namespace gradflow::placement {
+
+namespace {
+constexpr std::array kSizes = {"S", "B", "l", "b", "d", "T", "heads"};
+
+bool is_size(std::string_view name) {
+  return std::find(kSizes.begin(), kSizes.end(), name) != kSizes.end();
+}
+
+int arity(std::string_view function) {
+  if (function == "if") return 3;
+  if (function == "min" || function == "max" || function == "mod") return 2;
+  return 1;
+}
+
+bool is_condition(const Expr& e) {
+  return e.kind == ExprKind::compare || e.kind == ExprKind::logical_and || e.kind == ExprKind::logical_or ||
+         e.kind == ExprKind::logical_not;
+}
+
+// What an expression may mention where it is checked.
+struct Scope {
+  const PlacementDefinition* def = nullptr;
+  bool tensors = false;  // streams, bindings, N, U (rules and the output head)
+  bool branch = false;   // F (rules only)
+  std::map<std::string, Expr*>* bindings = nullptr;
+  std::set<std::string>* used = nullptr;
+  int branches = 0;  // F's seen
+};
+
+class Checker {
+ public:
+  explicit Checker(Scope& scope) : s_(scope) {}
+
+  void check(Expr& e) {
+    switch (e.kind) {
+      case ExprKind::number:
+        return;
+      case ExprKind::name:
+        return name(e);
+      case ExprKind::call:
+        return call(e);
+      case ExprKind::negate:
+        check(e.args[0]);
+        return inherit(e);
+      case ExprKind::binary:
+        return binary(e);
+      case ExprKind::compare:
+        return compare(e);
+      default:
+        for (Expr& a : e.args) condition(a);
+    }
+  }
+
+  void condition(Expr& e) {
+    check(e);
+    if (!is_condition(e)) fail(e, "expected a condition such as 'l == 0' or 'kind == attn'");
+  }
+  void constant(Expr& e) {
+    check(e);
+    if (is_condition(e)) fail(e, "expected a constant expression, not a condition");
+    if (e.tensor) fail(e, "expected a constant expression; streams, bindings, N, U and F belong in rules");
+  }
+  void tensor(Expr& e) {
+    check(e);
+    if (!e.tensor) fail(e, "expected a tensor expression (a stream, N(...), F(...) ...), not a constant");
+  }
+
+  [[noreturn]] static void fail(const Expr& e, const std::string& what) {
+    throw ExprError(e.origin, e.offset, what);
+  }
+
+ private:
+  void inherit(Expr& e) {
+    for (const Expr& a : e.args) e.tensor |= a.tensor, e.holds_branch |= a.holds_branch;
+  }
+
+  void name(Expr& e) {
+    const PlacementDefinition& def = *s_.def;
+    const bool stream = std::find(def.streams.begin(), def.streams.end(), e.text) != def.streams.end();
+    if (s_.tensors && stream) return void(e.tensor = true);  // a stream may take a size's name (ResiDual's d)
+    if (is_size(e.text) || def.constants.count(e.text)) return;
+    if (s_.tensors && s_.bindings && s_.bindings->count(e.text)) {
+      e.tensor = true;
+      e.holds_branch = s_.bindings->at(e.text)->holds_branch;
+      s_.used->insert(e.text);
+      return;
+    }
+    if (stream) fail(e, fmt::format("stream '{}' can only be used in a rule or the output head", e.text));
+    unknown(e, "name");
+  }
+
+  void unknown(const Expr& e, const char* what) {
+    std::vector<std::string> known(kSizes.begin(), kSizes.end());
+    for (const auto& [name, value] : s_.def->constants) known.push_back(name);
+    if (s_.tensors) {
+      known.insert(known.end(), s_.def->streams.begin(), s_.def->streams.end());
+      if (s_.bindings)
+        for (const auto& [name, value] : *s_.bindings) known.push_back(name);
+      known.insert(known.end(), {"N", "U", "F"});
+    }
+    known.insert(known.end(), {"sqrt", "exp", "log", "floor", "min", "max", "mod", "if"});
+    const std::string nearest = nearest_name(e.text, known);
+    fail(e, fmt::format("unknown {} '{}'{}", what, e.text,
+                        nearest.empty() ? "" : fmt::format("; did you mean '{}'?", nearest)));
+  }
+
+  void call(Expr& e) {
+    if (e.text == "N" || e.text == "U" || e.text == "F") return tensor_call(e);
+    if (!is_function(e.text)) unknown(e, "function");
+    if (static_cast<int>(e.args.size()) != arity(e.text))
+      fail(e, fmt::format("{}() takes {} argument(s), not {}", e.text, arity(e.text), e.args.size()));
+    for (std::size_t i = 0; i < e.args.size(); ++i) {
+      if (e.text == "if" && i == 0)
+        condition(e.args[i]);
+      else
+        constant(e.args[i]);
+    }
+  }
+
+  void tensor_call(Expr& e) {
+    if (e.args.size() != 1) fail(e, fmt::format("{}(...) takes one tensor, not {}", e.text, e.args.size()));
+    if (e.text == "F" && !s_.branch)
+      fail(e, "F (the branch) can only be used in a [[sublayer]] rule, not in the output head");
+    if (!s_.tensors) fail(e, fmt::format("{}(...) is a tensor; expected a constant expression here", e.text));
+    tensor(e.args[0]);
+    inherit(e);
+    if (e.text == "F") {
+      if (++s_.branches > 1) fail(e, "F is used a second time; a rule uses the branch F exactly once");
+      e.holds_branch = true;
+    }
+  }
+
+  void binary(Expr& e) {
+    for (Expr& a : e.args) check(a);
+    const bool left = e.args[0].tensor, right = e.args[1].tensor;
+    if (is_condition(e.args[0]) || is_condition(e.args[1]))
+      fail(e, fmt::format("a condition cannot be an operand of '{}'", e.text));
+    if ((e.text == "+" || e.text == "-") && left != right)
+      fail(e,
+           fmt::format("'{}' between a tensor and a constant; scale the tensor instead ('c * x')", e.text));
+    if (e.text == "*" && left && right)
+      fail(e, "a product of two tensors; one side of '*' must be a constant");
+    if (e.text == "/" && right) fail(e, "division by a tensor; the right side of '/' must be a constant");
+    if (e.text == "^" && (left || right)) fail(e, "'^' takes constants only");
+    inherit(e);
+  }
+
+  void compare(Expr& e) {
+    const auto word_side = [](const Expr& a) {
+      return a.kind == ExprKind::name && (a.text == "kind" || a.text == "block_kind");
+    };
+    if (!word_side(e.args[0]) && !word_side(e.args[1])) {
+      for (Expr& a : e.args) constant(a);
+      return;
+    }
+    const Expr& subject = word_side(e.args[0]) ? e.args[0] : e.args[1];
+    const Expr& word = word_side(e.args[0]) ? e.args[1] : e.args[0];
+    const std::vector<std::string> words = subject.text == "kind"
+                                               ? std::vector<std::string>{"attn", "ffn"}
+                                               : std::vector<std::string>{"attn_ffn", "ffn", "attn"};
+    if (word.kind != ExprKind::name || std::find(words.begin(), words.end(), word.text) == words.end()) {
+      const std::string nearest = word.kind == ExprKind::name ? nearest_name(word.text, words) : "";
+      fail(word, fmt::format("{} is compared with one of {}{}", subject.text, fmt::join(words, ", "),
+                             nearest.empty() ? "" : fmt::format("; did you mean '{}'?", nearest)));
+    }
+    if (e.text != "==" && e.text != "!=")
+      fail(e, fmt::format("{} is compared with == or != only", subject.text));
+  }
+
+  Scope& s_;
+};
+
+void check_constant_cycles(const PlacementDefinition& def, const std::string& name,
+                           std::vector<std::string>& path);
+
+void visit_names(const Expr& e, const PlacementDefinition& def, std::vector<std::string>& path) {
+  if (e.kind == ExprKind::name && def.constants.count(e.text)) {
+    if (std::find(path.begin(), path.end(), e.text) != path.end()) {
+      throw ExprError(
+          e.origin, e.offset,
+          fmt::format("constant '{}' depends on itself ({} -> {})", e.text, fmt::join(path, " -> "), e.text));
+    }
+    check_constant_cycles(def, e.text, path);
+  }
+  for (const Expr& a : e.args) visit_names(a, def, path);
+}
+
+void check_constant_cycles(const PlacementDefinition& def, const std::string& name,
+                           std::vector<std::string>& path) {
+  path.push_back(name);
+  visit_names(def.constants.at(name), def, path);
+  path.pop_back();
+}
+
+// The outermost + or - on the path from e down to F, bindings looked through (the format's rule 2).
+Expr* find_sum(Expr& e, const std::map<std::string, Expr*>& bindings) {
+  if (!e.holds_branch) return nullptr;
+  if (e.kind == ExprKind::binary && (e.text == "+" || e.text == "-")) return &e;
+  if (e.kind == ExprKind::name)
+    return bindings.count(e.text) ? find_sum(*bindings.at(e.text), bindings) : nullptr;
+  for (Expr& a : e.args) {
+    if (a.holds_branch) return find_sum(a, bindings);
+  }
+  return nullptr;
+}
+
+void check_rule(PlacementDefinition& def, SublayerEntry& entry);
+
+// x <- x + update as the whole rule, for every entry: the exact stream decomposition applies.
+bool is_additive(const PlacementDefinition& def) {
+  if (def.streams.size() != 1) return false;
+  return std::all_of(def.sublayers.begin(), def.sublayers.end(), [&](const SublayerEntry& entry) {
+    if (entry.rule.size() != 1 || entry.rule[0].is_binding || !entry.update_name.empty()) return false;
+    const Expr& root = entry.rule[0].values[0];
+    return root.kind == ExprKind::binary && root.text == "+" && root.marked_sum &&
+           root.args[0].kind == ExprKind::name && root.args[0].text == def.streams[0];
+  });
+}
+}  // namespace
+
+void check_definition(PlacementDefinition& def) {
+  Scope constants{&def};
+  Checker checker(constants);
+  for (auto& [name, e] : def.constants) {
+    checker.constant(e);
+    std::vector<std::string> path;
+    check_constant_cycles(def, name, path);
+  }
+  for (auto& gain : def.init_gains)
+    if (gain) checker.constant(*gain);
+  for (SublayerEntry& entry : def.sublayers) {
+    if (entry.when) checker.condition(*entry.when);
+    for (auto* e : {&entry.score_scale, &entry.ffn_hidden_scale, &entry.skip_gain})
+      if (*e) checker.constant(**e);
+    check_rule(def, entry);
+  }
+  Scope head{&def, true, false};
+  Checker(head).tensor(def.output);
+  def.additive = is_additive(def);
+}
+
+namespace {
+void check_targets(const PlacementDefinition& def, const Statement& st, std::set<std::string>& assigned) {
+  for (std::size_t t = 0; t < st.targets.size(); ++t) {
+    const std::string& name = st.targets[t];
+    if (std::find(def.streams.begin(), def.streams.end(), name) == def.streams.end()) {
+      const std::string nearest = nearest_name(name, def.streams);
+      throw ExprError(st.values[0].origin, st.target_offsets[t],
+                      fmt::format("'{}' is not a stream (streams: {}){}", name, fmt::join(def.streams, ", "),
+                                  nearest.empty() ? "" : fmt::format("; did you mean '{}'?", nearest)));
+    }
+    if (!assigned.insert(name).second)
+      throw ExprError(st.values[0].origin, st.target_offsets[t],
+                      fmt::format("stream '{}' is assigned twice in one rule", name));
+  }
+}
+
+void check_binding_name(const PlacementDefinition& def, const Statement& st,
+                        const std::map<std::string, Expr*>& bindings) {
+  const std::string& name = st.targets[0];
+  const bool taken = is_reserved(name) || def.constants.count(name) || bindings.count(name) ||
+                     std::find(def.streams.begin(), def.streams.end(), name) != def.streams.end();
+  if (taken)
+    throw ExprError(
+        st.values[0].origin, st.offset,
+        fmt::format("'{}' is already a stream, constant, binding or reserved name; choose another", name));
+}
+
+void mark_update(SublayerEntry& entry, const std::map<std::string, Expr*>& bindings, const Origin* origin) {
+  if (!entry.update_name.empty() || !entry.sum_name.empty()) {
+    for (const std::string* name : {&entry.update_name, &entry.sum_name}) {
+      if (!bindings.count(*name))
+        throw ExprError(origin, 0,
+                        fmt::format("update and sum name two bindings of the rule; '{}' is not one", *name));
+    }
+    if (!bindings.at(entry.update_name)->holds_branch)
+      throw ExprError(origin, 0, fmt::format("the update '{}' does not depend on F", entry.update_name));
+    return;
+  }
+  for (std::size_t s = 0; s < entry.rule.size(); ++s) {
+    Statement& st = entry.rule[s];
+    if (st.is_binding) continue;
+    for (std::size_t t = 0; t < st.values.size(); ++t) {
+      if (!st.values[t].holds_branch) continue;
+      entry.marked_statement = static_cast<int>(s), entry.marked_target = static_cast<int>(t);
+      if (Expr* sum = find_sum(st.values[t], bindings)) sum->marked_sum = true;
+      return;
+    }
+  }
+  throw ExprError(origin, 0, "no stream is assigned a value that depends on F: F's output would be lost");
+}
+
+void check_rule(PlacementDefinition& def, SublayerEntry& entry) {
+  std::map<std::string, Expr*> bindings;
+  std::set<std::string> used, assigned;
+  Scope scope{&def, true, true, &bindings, &used};
+  Checker checker(scope);
+  const Origin* origin = entry.rule.front().values.front().origin;
+  bool assigns = false;
+  for (Statement& st : entry.rule) {
+    for (Expr& value : st.values) checker.tensor(value);
+    if (st.is_binding) {
+      check_binding_name(def, st, bindings);
+      bindings[st.targets[0]] = &st.values[0];
+    } else {
+      check_targets(def, st, assigned);
+      assigns = true;
+    }
+  }
+  if (!assigns) throw ExprError(origin, 0, "the rule assigns no stream; write 'x <- ...'");
+  if (scope.branches == 0)
+    throw ExprError(origin, 0, "F (the branch) is never used; a rule uses F exactly once");
+  for (const auto& [name, value] : bindings) {
+    if (!used.count(name))
+      throw ExprError(value->origin, value->offset, fmt::format("binding '{}' is never used", name));
+  }
+  mark_update(entry, bindings, origin);
+}
+}  // namespace
+
+}  // namespace gradflow::placement

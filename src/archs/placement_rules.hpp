@@ -1,0 +1,84 @@
+// A placement file's parsed definition, its static checks, the evaluation of its constants and
+// conditions, and the sublayer graphs it builds (docs/placement-files.md).
+#pragma once
+#include <array>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gradflow/architecture.hpp"
+#include "placement_expr.hpp"
+
+namespace gradflow::placement {
+
+// One [[sublayer]] entry: a condition, a rule and its branch options.
+struct SublayerEntry {
+  const Origin* table = nullptr;  // the entry's first key, for errors about the whole entry
+  std::optional<Expr> when;
+  std::string rule_text;
+  std::vector<Statement> rule;
+  QkvNorm qkv_norm = QkvNorm::none;
+  std::optional<Expr> score_scale, ffn_hidden_scale, skip_gain;
+  std::string update_name, sum_name;  // named update and sum (both or neither)
+  // The assignment statement and target whose value is the marked stream (see the format's
+  // "update and sum"), filled by check_definition.
+  int marked_statement = -1, marked_target = -1;
+};
+
+struct PlacementDefinition {
+  std::string path, text, hash, id_at;  // id_at: "path:line:column" of the id
+  std::string id, citation, expected_growth, update_rule, output_text, provisional_note;
+  std::vector<std::string> aliases, streams;
+  std::map<std::string, Expr> constants;
+  std::map<std::string, std::string> constant_texts;
+  std::array<std::optional<Expr>, 6> init_gains;  // by WeightMatrix
+  std::vector<SublayerEntry> sublayers;
+  Expr output;
+  bool unit_norm_weights = false;
+  bool additive = false;       // inferred by check_definition
+  std::deque<Origin> origins;  // stable storage for every Expr's origin
+};
+
+// The static checks (names, types, F once, targets, bindings, constant cycles); fills the marked
+// update/sum and `additive`. Throws ExprError.
+void check_definition(PlacementDefinition& def);
+
+// Everything the evaluation of one sublayer depends on.
+struct Position {
+  const ModelConfig* config = nullptr;
+  int sublayer = 0, block = 0;
+  SublayerKind kind = SublayerKind::attn;
+};
+Position position_of(const ModelConfig& config, int sublayer);  // sublayer = S: the output head's
+
+// Values of constant expressions and conditions at one position; named constants are cached.
+class ConstantEvaluator {
+ public:
+  ConstantEvaluator(const PlacementDefinition& def, const Position& at) : def_(def), at_(at) {}
+  // Throws ExprError when the value is NaN or infinite.
+  double value(const Expr& e);
+  bool holds(const Expr& e);
+
+ private:
+  double evaluate(const Expr& e);
+  double call(const Expr& e);
+  double named(const Expr& e);
+  const PlacementDefinition& def_;
+  Position at_;
+  std::map<std::string, double> cache_;
+};
+
+// The first entry whose `when` holds; throws ExprError naming the sublayer when none does.
+const SublayerEntry& select_entry(const PlacementDefinition& def, ConstantEvaluator& values,
+                                  const Position& at);
+void build_sublayer_graph(const PlacementDefinition& def, SublayerGraph& g, const Position& at);
+void build_output_graph(const PlacementDefinition& def, SublayerGraph& g, const Position& at);
+
+}  // namespace gradflow::placement
+
+namespace gradflow {
+// The Architecture of a checked definition (placement_architecture.cpp); `def` must outlive it.
+Architecture placement_architecture(const placement::PlacementDefinition& def);
+}  // namespace gradflow

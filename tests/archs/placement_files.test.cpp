@@ -1,0 +1,121 @@
+// Placement files (docs/placement-files.md): the graphs their rules build, the shipped new
+// placements (b2t, hc, mhc; their whole-stack gradients are checked with every placement in
+// whole_stack.test.cpp), and Hyper-Connections at init against pre-ln.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gradflow/analysis.hpp"
+#include "gradflow/errors.hpp"
+#include "gradflow/placement_file.hpp"
+#include "science/stack_run.hpp"
+#include "support/small_model.hpp"
+
+using namespace gradflow;
+
+namespace {
+std::string write_placement(const std::string& name, const std::string& text) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("gradflow-test-" + name)).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+const std::string kHead = "id = \"t\"\ncitation = \"c\"\nexpected_growth = \"sqrt\"\noutput = \"N(x)\"\n";
+
+SublayerGraph sublayer_graph(const Architecture& arch, const ModelConfig& config, int l) {
+  const Constants constants = resolve_constants(arch, config);
+  SublayerGraph g;
+  g.reset(static_cast<int>(arch.streams.size()));
+  arch.build_sublayer(g, {config, constants, l, config.block_of(l), config.sublayer_kind(l)});
+  return g;
+}
+}  // namespace
+
+TEST_CASE("a placement file's rule builds the nodes the format states, and marks the update and sum") {
+  const ModelConfig config = testing::small_model(2, 8, 2, 4);
+  const Architecture arch = load_placement_file(
+      write_placement("rule_nodes.toml",
+                      kHead + "[constants]\na = 2\n[[sublayer]]\nrule = \"x <- N(a*x + F(N(x)) - x/4)\"\n"));
+  const SublayerGraph g = sublayer_graph(arch, config, 0);
+  // The operand holding F first: norm(x), branch, scale(x, 2), add, then scale(x, 1/4),
+  // scale(-1), add, and the outer norm.
+  const std::vector<NodeOp> expected = {NodeOp::norm,  NodeOp::branch, NodeOp::scale, NodeOp::add,
+                                        NodeOp::scale, NodeOp::scale,  NodeOp::add,   NodeOp::norm};
+  REQUIRE(g.nodes().size() == expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) CHECK(g.nodes()[i].op == expected[i]);
+  CHECK(g.nodes()[2].factor == 2.0);
+  CHECK(g.nodes()[4].factor == 0.25);
+  CHECK(g.nodes()[5].factor == -1.0);
+  // The outermost + or - on the path to F is the last add (the '-'); its F side is add #1.
+  CHECK(g.sum_id() == 1 + 6);
+  CHECK(g.update_id() == 1 + 3);
+  CHECK(!arch.additive_stream);
+}
+
+TEST_CASE("a placement file infers the additive stream and evaluates per-sublayer constants") {
+  const ModelConfig config = testing::small_model(3, 8, 2, 4);
+  const Architecture arch = load_placement_file(
+      write_placement("per_block.toml", kHead + "[constants]\nc = \"1/sqrt(b + 1)\"\n[[sublayer]]\nrule = "
+                                                "\"x <- x + c*F(N(x))\"\nskip_gain = \"1\"\n"));
+  CHECK(arch.additive_stream);
+  for (int l = 0; l < config.sublayers(); ++l) {
+    const SublayerGraph g = sublayer_graph(arch, config, l);
+    const double c = 1.0 / std::sqrt(config.block_of(l) + 1.0);
+    if (c == 1.0) {
+      CHECK(g.nodes().size() == 3);  // a scale by exactly 1 builds no node
+    } else {
+      CHECK(g.nodes()[2].factor == c);
+    }
+  }
+  const Constants constants = resolve_constants(arch, config);
+  REQUIRE(constants.size() == 1);
+  CHECK(constants[0].value == 1.0 / std::sqrt(3.0));  // at the last block
+}
+
+TEST_CASE("a placement file's errors name file, line and column") {
+  const std::string path =
+      write_placement("bad_rule.toml", kHead + "[[sublayer]]\nrule = \"x <- x + F(x) + F(x)\"\n");
+  try {
+    load_placement_file(path);
+    FAIL("no error");
+  } catch (const InputError& error) {
+    // line 6, the string's contents start at column 9; the second F at offset 16
+    CHECK(std::string(error.what()) ==
+          path + ":6:25: F is used a second time; a rule uses the branch F exactly once");
+  }
+}
+
+TEST_CASE(
+    "the shipped placement files b2t, hc and mhc are in the registry (and so in every placement's tests)") {
+  for (const char* id : {"b2t", "hc", "mhc"}) {
+    CAPTURE(id);
+    const Architecture& arch = find_architecture(id);
+    CHECK(arch.source != "built-in");
+    CHECK(arch.file_hash.substr(0, 8) == "fnv1a64:");
+  }
+  CHECK(find_architecture("hc").streams.size() == 4);
+  CHECK(find_architecture("mhc").streams.size() == 4);
+}
+
+TEST_CASE("hc at init: every stream's states are pre-ln's bit for bit; only the output head differs") {
+  {
+    const ModelConfig config = testing::small_model(3, 16, 2, 4);
+    const Architecture &hc = find_architecture("hc"), &pre_ln = find_architecture("pre-ln");
+    const Constants none;
+    StackRun<double> a(config, hc, none, 5, {}, 1), b(config, pre_ln, none, 5, {}, 1);
+    const Mat<double> input = make_input<double>(config, 5);
+    a.start(input), b.start(input);
+    for (int l = 0; l < config.sublayers(); ++l) a.forward(l), b.forward(l);
+    for (int l = 0; l <= config.sublayers(); ++l) {
+      CAPTURE(l);
+      REQUIRE(a.state(l).size() == 4);
+      for (const auto& stream : a.state(l)) CHECK((stream.array() == b.state(l)[0].array()).all());
+    }
+    a.recompute(config.sublayers()), b.recompute(config.sublayers());
+    const Mat<double>& y_hc = a.executor().value(a.graph().outputs()[0]);
+    const Mat<double>& y_pre = b.executor().value(b.graph().outputs()[0]);
+    // N(4x) against N(x): the same up to the norm's epsilon (1e-6 against mean(x^2) ~ 1).
+    CHECK((y_hc - y_pre).norm() / y_pre.norm() < 1e-6);
+  }
+}

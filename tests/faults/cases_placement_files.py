@@ -1,0 +1,85 @@
+"""Fault table: malformed placement files (docs/placement-files.md). Each must stop gradflow with
+exit 2 and one line `gradflow: error: FILE:LINE:COLUMN: what was expected` (with a suggestion for a
+misspelt name), before any work and with nothing written."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fault_table import Case, run_table  # noqa: E402
+
+TINY = ["--depth", "2", "--width", "16", "--heads", "2", "--seq", "4"]
+HEAD = 'id = "bad"\ncitation = "a test"\nexpected_growth = "sqrt"\noutput = "N(x)"\n'
+
+
+def placement(name, body, message, head=HEAD, args=None):
+    """A case: p.toml holds head + body; analyze it into out.json (which must not appear)."""
+    command = args or ["analyze", "--arch", "{dir}/p.toml", *TINY, "-o", "{dir}/out.json"]
+    return Case(name, command, message=r"p\.toml:\d+:\d+: " + message, files={"p.toml": head + body})
+
+
+def rule(text):
+    return f'[[sublayer]]\nrule = "{text}"\n'
+
+
+def two_definitions():
+    """Two analyze documents of placement 'mine' made from two different files."""
+    import subprocess
+    import tempfile
+    docs = {}
+    with tempfile.TemporaryDirectory() as directory:
+        for name, update in (("a", "x + F(N(x))"), ("b", "x + 0.5*F(N(x))")):
+            path = os.path.join(directory, f"{name}.toml")
+            with open(path, "w") as handle:
+                handle.write(HEAD.replace('"bad"', '"mine"') + rule(f"x <- {update}"))
+            out = subprocess.run([sys.argv[1], "analyze", "--arch", path, *TINY, "--format", "json", "-q"],
+                                 capture_output=True, text=True, check=True)
+            docs[f"{name}.json"] = out.stdout
+    return docs
+
+
+CASES = [
+    placement("F used twice", rule("x <- x + F(x) + F(x)"), r"F is used a second time"),
+    placement("F never used", rule("x <- N(x)"), r"F \(the branch\) is never used"),
+    placement("unknown name, with a suggestion", '[constants]\nalpha = 2\n' + rule("x <- N(alpah*x + F(x))"),
+              r"unknown name 'alpah'; did you mean 'alpha'\?"),
+    placement("unbalanced parentheses", rule("x <- x + F(N(x)"), r"expected '\)' to close F\("),
+    placement("constant is NaN", '[constants]\na = "sqrt(0 - 1)"\n' + rule("x <- x + a*F(N(x))"),
+              r"evaluates to NaN .*expected a finite value"),
+    placement("constant is infinite", '[constants]\na = "1/(S - S)"\n' + rule("x <- x + a*F(N(x))"),
+              r"evaluates to infinity .*expected a finite value"),
+    placement("negative init gain", '[init_gain]\nv = "-1"\n' + rule("x <- x + F(N(x))"),
+              r"an init gain must be >= 0, not -1"),
+    placement("stream assigned twice", rule("x <- x + F(x); x <- N(x)"), r"stream 'x' is assigned twice"),
+    placement("no rule for some sublayer", '[[sublayer]]\nwhen = "l == 0"\nrule = "x <- x + F(N(x))"\n',
+              r"no \[\[sublayer\]\] entry's 'when' holds for sublayer l = 1"),
+    placement("unknown key, with a suggestion", 'citaton = "typo"\n' + rule("x <- x + F(N(x))"),
+              r"unknown key 'citaton' in the placement file; did you mean 'citation'\?"),
+    placement("missing output head", rule("x <- x + F(N(x))"), r"missing required key 'output'",
+              head='id = "bad"\ncitation = "a test"\nexpected_growth = "sqrt"\n'),
+    placement("not TOML", 'rule = "x <- x\n', r"not valid TOML"),
+    placement("unknown function", rule("x <- x + F(nrm(x))"), r"unknown function 'nrm'"),
+    placement("F in the output head", rule("x <- x + F(N(x))"), r"F \(the branch\) can only be used in a",
+              head='id = "bad"\ncitation = "a test"\nexpected_growth = "sqrt"\noutput = "F(x)"\n'),
+    placement("tensor plus constant", rule("x <- x + F(x) + 1"), r"'\+' between a tensor and a constant"),
+    placement("product of two tensors", rule("x <- x * F(x)"), r"a product of two tensors"),
+    placement("assignment to an unknown stream", rule("y <- x + F(x)"), r"'y' is not a stream \(streams: x\)"),
+    placement("constants in a cycle", '[constants]\na = "c"\nc = "a"\n' + rule("x <- x + a*F(x)"),
+              r"constant 'a' depends on itself"),
+    placement("unknown growth class", rule("x <- x + F(N(x))"), r"expected_growth is one of vanishing",
+              head='id = "bad"\ncitation = "a test"\nexpected_growth = "cubic"\noutput = "N(x)"\n'),
+    placement("unused binding", rule("o = F(x); p = N(x); x <- x + o"), r"binding 'p' is never used"),
+    placement("qkv_norm misspelt, with a suggestion", rule("x <- x + F(x)") + 'qkv_norm = "full_q"\n',
+              r"qkv_norm is one of .*did you mean 'full_qk'\?"),
+    placement("id of a built-in", rule("x <- x + F(N(x))"), r"placement 'pre-ln' is already defined by built-in",
+              head='id = "pre-ln"\ncitation = "a test"\nexpected_growth = "sqrt"\noutput = "N(x)"\n'),
+    placement("fewer expressions than streams", rule("x, h <- x + F(x)"), r"2 stream\(s\) assigned but 1",
+              head=HEAD + 'streams = ["x", "h"]\n'),
+    placement("a sweep refuses it too", rule("x <- x + G(x)"), r"unknown function 'G'",
+              args=["sweep", "--arch", "{dir}/p.toml", "--depth", "2", "--width", "16", "-o", "{dir}/sweep"]),
+    Case("check refuses runs of two different definitions", ["check", "{dir}/a.json", "--baseline", "{dir}/b.json"],
+         message=r"placement 'mine': the two runs were made with different placement definitions \(fnv1a64:",
+         files=two_definitions()),
+]
+
+if __name__ == "__main__":
+    run_table(CASES)
