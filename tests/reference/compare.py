@@ -4,7 +4,7 @@
   /usr/bin/python3 tests/reference/compare.py --gradflow build/gradflow --arch keel [--depth 3 --width 16
         --heads 2 --seq 5 --block attn-ffn --norm rms --init xavier --alpha A --keel-variant v2
         --mix-ratio R --input-corr r --tol 1e-8 --keep DIR --wrong-variant keel-alpha-on-branch]
-  ... --all [--strict] every placement in architectures.md (--strict: UNSUPPORTED fails)
+  ... --all [--strict] [--baselines DIR]   every placement `BIN archs --format json` lists
 
 Runs `BIN analyze --arch ARCH ... --precision f64 --seed 0 --export-weights TMP.safetensors -o TMP.json`,
 rebuilds the stack from the export in float64 torch, and compares per state (rms, log10_grad,
@@ -15,8 +15,12 @@ Error measure (max over indices, reported per figure):
   linear figures : |gf - ref| / max(|gf|, |ref|); both below 1e-14 in magnitude counts as 0.
   log10 figures  : |10**(gf - ref) - 1|, i.e. the relative error of the underlying norm.
   null vs number : infinite error.
-Exit: 0 all within --tol (default 1e-8), 1 any mismatch (figures or constants) -- or, with --strict, any
-placement gradflow rejects (UNSUPPORTED) --, 2 usage / IO / run error.
+With --all the placements come from gradflow's own registry, so a new one cannot be skipped: a listed
+placement the reference cannot build fails as NO_REFERENCE, and (with --baselines DIR) one without
+DIR/<id>.json fails as NO_BASELINE, whatever --strict says; the summary names each.
+
+Exit: 0 all within --tol (default 1e-8), 1 any mismatch (figures or constants), NO_REFERENCE or NO_BASELINE
+-- or, with --strict, any placement gradflow rejects (UNSUPPORTED) --, 2 usage / IO / run error.
 """
 import argparse
 import glob
@@ -31,6 +35,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gradflow_reference as R  # noqa: E402
+import placement_file as PF  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 STATE_FIGS = ["rms", "log10_grad", "log10_grad_rel"]
 SUB_FIGS = ["gain", "skip_gain", "branch_gain", "branch_rms", "stream_share"]
@@ -104,9 +111,75 @@ def find_export(base):
     raise UsageError(f"export file {base} not written (candidates: {hits})")
 
 
+def registry(gradflow):
+    """The placements gradflow lists (`archs --format json`), in its order: [(id, source)], source the file's
+    path for a placement file, None for a built-in (docs/placement-files.md: `source`, "built-in")."""
+    p = subprocess.run([gradflow, "archs", "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+    if p.returncode != 0:
+        raise UsageError(f"`{gradflow} archs --format json` exited {p.returncode}: {p.stderr.strip()}")
+    try:
+        entries = json.loads(p.stdout)["architectures"]
+        return [(a["id"], None if a.get("source", "built-in") == "built-in" else a["source"]) for a in entries]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"`{gradflow} archs --format json` is not a placement list: {e}")
+
+
+def registered_source(gradflow, arch):
+    """The placement file gradflow loads for id `arch` (None: a built-in, a path, or not listed)."""
+    if arch.endswith(".toml"):
+        return arch
+    try:
+        return dict(registry(gradflow)).get(arch)
+    except UsageError:
+        return None
+
+
+def hand_written(arch_id):
+    """The placement whose formulas gradflow_reference.py has for this id: the id itself (or its alias), or for
+    a file named `<built-in>-file` (a built-in restated as a file) that built-in; else None."""
+    for name in (arch_id, arch_id[:-len("-file")] if arch_id.endswith("-file") else None):
+        if name is not None and R.ALIASES.get(name, name) in R.ARCHS:
+            return R.ALIASES.get(name, name)
+    return None
+
+
+def file_path(source):
+    """A placement file's path as `archs` gives it: absolute, relative to here, or to the repository."""
+    for path in (source, os.path.join(REPO, source)):
+        if os.path.isfile(path):
+            return path
+    return source
+
+
+def reference_support(arch, source=None):
+    """(placement file or None, None) if the reference can build this placement, else (None, why not)."""
+    if source is not None:
+        try:
+            return PF.load(file_path(source)), None
+        except (OSError, ValueError) as e:
+            return None, (f"no reference support: tests/reference/placement_file.py cannot read placement "
+                          f"'{arch}' ({source}): {e}")
+    if R.ALIASES.get(arch, arch) in R.ARCHS:
+        return None, None
+    return None, (f"no reference support: gradflow lists placement '{arch}' but tests/reference/"
+                  "gradflow_reference.py has no formulas for it and it is not a placement file")
+
+
+def baseline_missing(arch, baselines):
+    """None if DIR/<id>.json exists (or no DIR was given), else why the placement fails."""
+    if baselines is None:
+        return None
+    path = os.path.join(baselines, f"{arch}.json")
+    if os.path.isfile(path):
+        return None
+    return f"no baseline: {path} does not exist (scripts/make-baselines writes it; see data/baselines/README.md)"
+
+
 def run_gradflow(args, arch, tmp):
-    exp = os.path.join(tmp, f"{arch}.safetensors")
-    out = os.path.join(tmp, f"{arch}.json")
+    stem = os.path.basename(arch)
+    exp = os.path.join(tmp, f"{stem}.safetensors")
+    out = os.path.join(tmp, f"{stem}.json")
     cmd = [args.gradflow, "analyze", "--arch", arch, "--depth", str(args.depth), "--width", str(args.width),
            "--heads", str(args.heads), "--seq", str(args.seq), "--block", args.block, "--norm", args.norm,
            "--init", args.init, "--precision", "f64", "--seed", str(args.seed),
@@ -123,8 +196,12 @@ def run_gradflow(args, arch, tmp):
     return cmd, p, exp, out
 
 
-def compare_arch(args, arch, tmp):
-    """Returns (status, rows, notes).  status: OK, MISMATCH, UNSUPPORTED, ERROR."""
+def compare_arch(args, arch, tmp, source=None):
+    """Returns (status, rows, notes).  status: OK, MISMATCH, UNSUPPORTED, NO_REFERENCE, ERROR.  `source`: the
+    placement file of a file placement (an --arch ending in .toml is one); its figures are compared with the
+    interpreter of placement_file.py and, when its id also has formulas in gradflow_reference.py, with those."""
+    if source is None and arch.endswith(".toml"):
+        source = arch
     cmd, p, exp, out = run_gradflow(args, arch, tmp)
     if p.returncode != 0:
         msg = (p.stderr or p.stdout).strip().splitlines()
@@ -134,6 +211,10 @@ def compare_arch(args, arch, tmp):
         status = "UNSUPPORTED" if p.returncode == 2 and ("placement" in low or "arch" in low
                                                          or "does not apply" in low) else "ERROR"
         return status, [], [f"gradflow exit {p.returncode}: {msg}", "command: " + " ".join(cmd)]
+    placement, why = reference_support(arch, source)
+    if why:
+        return "NO_REFERENCE", [], [why]
+    arch_id = placement.id if placement is not None else arch
     try:
         exp = find_export(exp)
         with open(out) as f:
@@ -141,7 +222,7 @@ def compare_arch(args, arch, tmp):
     except (OSError, ValueError, UsageError) as e:
         return "ERROR", [], [str(e)]
     runs = doc.get("runs") or []
-    run = next((r for r in runs if R.ALIASES.get(r.get("arch"), r.get("arch")) == R.ALIASES.get(arch, arch)),
+    run = next((r for r in runs if R.ALIASES.get(r.get("arch"), r.get("arch")) == R.ALIASES.get(arch_id, arch_id)),
                runs[0] if runs else None)
     if run is None or not run.get("seeds"):
         return "ERROR", [], ["gradflow JSON has no runs[].seeds[]"]
@@ -153,16 +234,45 @@ def compare_arch(args, arch, tmp):
                      "= run precision) figures cannot agree beyond ~1e-8"]
     else:
         notes_pre = []
-    overrides = {"block": args.block, "norm": args.norm, "heads": args.heads, "keel_variant": args.keel_variant,
-                 "mix_ratio": args.mix_ratio, "alpha": args.alpha}
+    rows, notes, mismatch = [], [], False
     try:
-        stack, x0, probes, cfg, consts, notes = R.build_from_export(
-            exp, qk_norm=args.qk_norm, lns_index=args.lns_index, wrong_variant=args.wrong_variant,
-            constants_source="spec", overrides=overrides)
-        ref = R.analyze(stack, x0, probes)
+        if placement is not None:
+            ref, fnotes, fbad = file_reference(args, placement, exp, run)
+            frows, knotes, kbad = figure_rows(seed, ref, "F:")
+            rows += frows + [("F:sublayer", "skip_gain_theory") + compare_series(
+                "skip_gain_theory", seed.get("sublayers", {}).get("skip_gain_theory"),
+                ref["sublayers"]["skip_gain_theory"], False)]
+            notes += fnotes + knotes
+            mismatch |= fbad or kbad
+        if hand_written(arch_id):
+            ref, snotes, sbad, built = spec_reference(args, exp, run, hand_written(arch_id))
+            srows, knotes, kbad = figure_rows(seed, ref, "")
+            rows += srows
+            if args.update:
+                rows += compare_update(args, *built, seed)
+        elif args.update:
+            notes.append(f"info: --update figures of {arch_id} are not compared: the optimizer step is in "
+                         "gradflow_reference.py's formulas, which this file placement has none of")
+            notes += snotes + knotes
+            mismatch |= sbad or kbad
     except (OSError, ValueError, KeyError) as e:
         return "ERROR", [], [f"reference failed: {e}"]
+    notes = [n if n.startswith(("info", "CONSTANT", "CONFIG")) else "note: " + n for n in notes] + notes_pre
+    mismatch |= any(not (row[2] <= args.tol) for row in rows)
+    if not mismatch:
+        notes = [n for n in notes if not n.startswith("hint:")]
+    return ("MISMATCH" if mismatch else "OK"), rows, notes
 
+
+def spec_reference(args, exp, run, arch):
+    """The hand-written formulas of gradflow_reference.py for `arch`: (figures, notes, constants mismatch,
+    (stack, x0, probes) for --update's own optimizer step)."""
+    overrides = {"block": args.block, "norm": args.norm, "heads": args.heads, "keel_variant": args.keel_variant,
+                 "mix_ratio": args.mix_ratio, "alpha": args.alpha, "arch": arch}
+    stack, x0, probes, cfg, consts, notes = R.build_from_export(
+        exp, qk_norm=args.qk_norm, lns_index=args.lns_index, wrong_variant=args.wrong_variant,
+        constants_source="spec", overrides=overrides)
+    ref = R.analyze(stack, x0, probes)
     # Constants: the reference used the spec (or the explicitly requested override); a different
     # constant in gradflow's resolved config is a mismatch unless it was explicitly requested.
     mismatch = False
@@ -178,17 +288,52 @@ def compare_arch(args, arch, tmp):
         else:
             notes.append("CONSTANT MISMATCH: " + n)
             mismatch = True
-    notes = [n if n.startswith(("info", "CONSTANT")) else "note: " + n for n in notes] + notes_pre
+    return ref, notes, mismatch, (stack, x0, probes)
 
-    rows = []
+
+def file_reference(args, placement, exp, run):
+    """The placement file through placement_file.py: (figures, notes, mismatch of constants or recorded file).
+    docs/placement-files.md: config.constants holds each named constant at the last sublayer, and
+    config.placement_file the file's text and its FNV-1a 64 hash."""
+    overrides = {"block": args.block, "norm": args.norm, "heads": args.heads}
+    ref = PF.run_reference(placement, exp, overrides)
+    notes, mismatch = list(ref["notes"]), False
+    cfg = run.get("config") or {}
+    jc = dict(cfg.get("constants") or {})
+    for name, value in ref["constants"].items():
+        got = R._num(jc.pop(name, None))
+        if got is None or not R._close(got, value):
+            notes.append(f"CONSTANT MISMATCH: {placement.id}: config constants.{name} = {got!r} but the file "
+                         f"gives {value!r}")
+            mismatch = True
+    notes += [f"info: config constant '{k}' is not in the file" for k in jc]
+    recorded = cfg.get("placement_file") or {}
+    text = recorded.get("text", cfg.get("placement_file.text"))
+    digest = recorded.get("hash", cfg.get("placement_file.hash"))
+    with open(file_path(placement.source), "rb") as f:
+        want = PF.fnv1a64(f.read())
+    if text != placement.text:
+        notes.append(f"CONFIG: config.placement_file.text is not the text of {placement.source}")
+        mismatch = True
+    if digest != want:
+        notes.append(f"CONFIG: config.placement_file.hash = {digest!r} but {placement.source} hashes to {want}")
+        mismatch = True
+    return ref, notes, mismatch
+
+
+def figure_rows(seed, ref, label):
+    """Rows (where, figure, err, index, gradflow, reference, note) of one reference's figures, with notes and
+    whether the sublayer kinds differ."""
+    rows, notes = [], []
     gs, gl = seed.get("states", {}), seed.get("sublayers", {})
     for fig in STATE_FIGS:
-        rows.append(("state", fig) + compare_series(fig, gs.get(fig), ref["states"][fig], fig.startswith("log10")))
+        rows.append((label + "state", fig) + compare_series(fig, gs.get(fig), ref["states"][fig],
+                                                            fig.startswith("log10")))
     for fig in SUB_FIGS:
-        rows.append(("sublayer", fig) + compare_series(fig, gl.get(fig), ref["sublayers"][fig], False))
-    if gl.get("kind") is not None and list(gl["kind"]) != ref["sublayers"]["kind"]:
+        rows.append((label + "sublayer", fig) + compare_series(fig, gl.get(fig), ref["sublayers"][fig], False))
+    bad = gl.get("kind") is not None and list(gl["kind"]) != ref["sublayers"]["kind"]
+    if bad:
         notes.append(f"kind differs: gradflow {gl['kind']} reference {ref['sublayers']['kind']}")
-        mismatch = True
     gstreams = gs.get("streams") or {}
     for name, rs in ref["states"]["streams"].items():
         if name not in gstreams:
@@ -196,16 +341,9 @@ def compare_arch(args, arch, tmp):
                 notes.append(f"info: stream '{name}' not in gradflow output (has {sorted(gstreams)})")
             continue
         for fig in ("rms", "log10_grad"):
-            rows.append((f"stream {name}", fig) + compare_series(fig, gstreams[name].get(fig), rs[fig],
-                                                                 fig == "log10_grad"))
-    if args.update:
-        rows += compare_update(args, stack, x0, probes, seed)
-    for row in rows:
-        if not (row[2] <= args.tol):
-            mismatch = True
-    if not mismatch:
-        notes = [n for n in notes if not n.startswith("hint:")]
-    return ("MISMATCH" if mismatch else "OK"), rows, notes
+            rows.append((f"{label}stream {name}", fig) + compare_series(fig, gstreams[name].get(fig), rs[fig],
+                                                                        fig == "log10_grad"))
+    return rows, notes, bad
 
 
 def compare_update(args, stack, x0, probes, seed):
@@ -237,11 +375,11 @@ def fmt(v):
 def print_table(arch, status, rows, notes, tol):
     print(f"== {arch}: {status}")
     if rows:
-        print(f"   {'where':<10} {'figure':<15} {'max err':>10}  {'at':>3}  {'gradflow':>24}  {'reference':>24}")
+        print(f"   {'where':<10} {'figure':<16} {'max err':>10}  {'at':>3}  {'gradflow':>24}  {'reference':>24}")
     for where, fig, e, i, a, b, note in rows:
         flag = "" if e <= tol else "   <-- MISMATCH"
         es = "inf" if math.isinf(e) else f"{e:.2e}"
-        print(f"   {where:<10} {fig:<15} {es:>10}  {fmt(i):>3}  {fmt(a):>24}  {fmt(b):>24}{flag}"
+        print(f"   {where:<10} {fig:<16} {es:>10}  {fmt(i):>3}  {fmt(a):>24}  {fmt(b):>24}{flag}"
               + (f"  ({note})" if note else ""))
     for n in notes:
         print("   " + n)
@@ -252,7 +390,7 @@ def main(argv=None):
     p.add_argument("--gradflow", required=True, help="path to the gradflow binary")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--arch")
-    g.add_argument("--all", action="store_true", help="every placement of architectures.md")
+    g.add_argument("--all", action="store_true", help="every placement `gradflow archs --format json` lists")
     p.add_argument("--depth", type=int, default=3)
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--heads", type=int, default=2)
@@ -281,6 +419,8 @@ def main(argv=None):
     p.add_argument("--wrong-variant", choices=["keel-alpha-on-branch"],
                    help="deliberately build a WRONG reference (test that mismatches are caught)")
     p.add_argument("--keep", help="keep the exports and gradflow JSON in this directory")
+    p.add_argument("--baselines", metavar="DIR",
+                   help="with --all: every listed placement must also have DIR/<id>.json (else NO_BASELINE)")
     try:
         args = p.parse_args(argv)
     except SystemExit as e:
@@ -288,27 +428,46 @@ def main(argv=None):
     if not (os.path.isfile(args.gradflow) and os.access(args.gradflow, os.X_OK)):
         print(f"compare.py: gradflow binary not found or not executable: {args.gradflow}", file=sys.stderr)
         return 2
-    archs = R.ARCHS if args.all else [args.arch]
+    try:
+        archs = registry(args.gradflow) if args.all else [(args.arch, registered_source(args.gradflow, args.arch))]
+    except UsageError as e:
+        print(f"compare.py: {e}", file=sys.stderr)
+        return 2
     tmp = args.keep or tempfile.mkdtemp(prefix="gf_compare_")
     os.makedirs(tmp, exist_ok=True)
     results = []
     try:
-        for arch in archs:
-            status, rows, notes = compare_arch(args, arch, tmp)
+        for arch, source in archs:
+            status, rows, notes = uncovered(arch, source, args.baselines) if args.all else (None, [], [])
+            if status is None:
+                status, rows, notes = compare_arch(args, arch, tmp, source)
             print_table(arch, status, rows, notes, args.tol)
-            results.append((arch, status))
+            results.append((arch, status, notes))
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    print("\nsummary: " + ", ".join(f"{a}={s}" for a, s in results))
-    return exit_code([s for _, s in results], args.all, args.strict)
+    print("\nsummary: " + ", ".join(f"{a}={s}" for a, s, _ in results))
+    for arch, status, notes in results:
+        if status in ("NO_REFERENCE", "NO_BASELINE"):
+            print(f"FAILED, not covered: {arch}: " + "; ".join(notes))
+    return exit_code([s for _, s, _ in results], args.all, args.strict)
+
+
+def uncovered(arch, source, baselines):
+    """(status, [], reasons) for a listed placement the suite cannot vouch for -- no reference support, or no
+    baseline in `baselines` (when given) --, else (None, [], [])."""
+    no_reference, no_baseline = reference_support(arch, source)[1], baseline_missing(arch, baselines)
+    if not (no_reference or no_baseline):
+        return None, [], []
+    return ("NO_REFERENCE" if no_reference else "NO_BASELINE"), [], [w for w in (no_reference, no_baseline) if w]
 
 
 def exit_code(statuses, all_archs, strict):
-    """1: a MISMATCH, or (with --strict) an UNSUPPORTED placement; 2: an ERROR, or UNSUPPORTED for a single
-    --arch without --strict; else 0 (with --all, UNSUPPORTED alone does not fail unless --strict)."""
+    """1: a MISMATCH, NO_REFERENCE or NO_BASELINE, or (with --strict) an UNSUPPORTED placement; 2: an ERROR, or
+    UNSUPPORTED for a single --arch without --strict; else 0 (with --all, UNSUPPORTED alone does not fail
+    unless --strict)."""
     statuses = set(statuses)
-    if "MISMATCH" in statuses or (strict and "UNSUPPORTED" in statuses):
+    if statuses & {"MISMATCH", "NO_REFERENCE", "NO_BASELINE"} or (strict and "UNSUPPORTED" in statuses):
         return 1
     if "ERROR" in statuses or (not all_archs and "UNSUPPORTED" in statuses):
         return 2

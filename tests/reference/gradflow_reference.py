@@ -174,7 +174,8 @@ ALIASES = {"sandwich-ln": "peri-ln"}  # [A] "`peri-ln` (alias `sandwich-ln`)"
 
 ARCHS = ["post-ln", "pre-ln", "deepnorm", "deepnorm-glm", "keel", "mix-ln", "hybridnorm",
          "hybridnorm-star", "resi-dual", "siamese-norm", "span-norm", "peri-ln", "olmo2", "admin",
-         "rezero", "layerscale", "depth-mup", "deepscalelm", "ngpt", "lns", "plain"]
+         "rezero", "layerscale", "depth-mup", "deepscalelm", "ngpt", "lns", "plain", "b2t", "hc", "mhc"]
+HYPER_STREAMS = 4  # hc, mhc: expansion rate n = 4 (issue 17)
 
 FINAL_NORM = {"pre-ln", "mix-ln", "hybridnorm", "hybridnorm-star", "peri-ln", "olmo2",
               "layerscale", "depth-mup", "deepscalelm", "lns"}  # [A] "final norm" column = yes
@@ -194,6 +195,23 @@ def spec_constants(arch, B, S, mix_ratio=0.25, alpha=None, lns_index="block", wi
         if arch == "depth-mup":
             c["branch_scale"] = c["alpha"] / math.sqrt(S)
     return c
+
+
+def mhc_matrices(constants, iterations=20):
+    """mHC at init (arXiv 2512.24880 Eq. 8): H_res = Sinkhorn-Knopp(exp(H~_res)) with `iterations` row-then-column
+    normalisations, H_pre = sigmoid(H~_pre), H_post = 2 sigmoid(H~_post); the dynamic terms are zero at init, so
+    H~ is its static bias: `b_res_diag` on the diagonal, `b_res_off` off it, `b_pre`, `b_post` (0 unless the
+    resolved constants give them)."""
+    n = HYPER_STREAMS
+    bias = {k: float(constants.get(k, 0.0)) for k in ("b_res_diag", "b_res_off", "b_pre", "b_post")}
+    m = torch.full((n, n), bias["b_res_off"])
+    m.fill_diagonal_(bias["b_res_diag"])
+    m = torch.exp(m)
+    for _ in range(iterations):
+        m = m / m.sum(dim=1, keepdim=True)
+        m = m / m.sum(dim=0, keepdim=True)
+    sigmoid = lambda v: 1.0 / (1.0 + math.exp(-v))
+    return m.tolist(), [sigmoid(bias["b_pre"])] * n, [2.0 * sigmoid(bias["b_post"])] * n
 
 
 def _spec_constants(arch, B, S, mix_ratio, lns_index):
@@ -227,6 +245,10 @@ def _spec_constants(arch, B, S, mix_ratio, lns_index):
         return {"input_scale": 1.0 / math.sqrt(B if lns_index == "block" else S)}
     if arch == "admin":
         return {"w_0": 1.0}  # [A] admin: w_0 = 1 (the rest is profiled)
+    if arch == "mhc":
+        # static biases of H~ at init: all 0, the choice data/placements/mhc.toml states (the published
+        # implementations disagree); H_res = 1/4 everywhere, H_pre = 1/2, H_post = 1
+        return {"b_res_diag": 0.0, "b_res_off": 0.0, "b_pre": 0.0, "b_post": 0.0}
     return {}
 
 
@@ -319,7 +341,10 @@ class Stack:
         self.admin_w = None  # filled by forward() for admin
         # stream names; span-norm's h exists only on the states after an attention sublayer
         self.streams = {"resi-dual": ["a", "d"], "siamese-norm": ["X", "Y"],
-                        "span-norm": ["x", "h"] if block == "attn-ffn" else ["x"]}.get(arch, ["x"])
+                        "span-norm": ["x", "h"] if block == "attn-ffn" else ["x"], "b2t": ["x", "h"],
+                        "hc": ["x1", "x2", "x3", "x4"], "mhc": ["x1", "x2", "x3", "x4"]}.get(arch, ["x"])
+        if arch == "mhc":
+            self.mhc = mhc_matrices(self.c)
 
     # --- bookkeeping -------------------------------------------------------------------------
     def kind(self, l):
@@ -351,8 +376,10 @@ class Stack:
 
     # --- input / output ---------------------------------------------------------------------
     def init_state(self, x0):
-        if self.arch in ("resi-dual", "siamese-norm"):
-            return (x0, x0)  # [A] resi-dual "start a = d = x_0"; siamese "both start at x_0"
+        if self.arch in ("resi-dual", "siamese-norm", "b2t"):
+            return (x0, x0)  # [A] resi-dual "start a = d = x_0"; siamese "both start at x_0"; b2t: h starts as x_0
+        if self.arch in ("hc", "mhc"):
+            return (x0,) * HYPER_STREAMS  # HC Sec. 2: the input is copied into the n streams
         return (x0,)
 
     def output(self, state):
@@ -363,6 +390,10 @@ class Stack:
         if self.arch == "siamese-norm":
             X, Y = state
             return N(N(X) + N(Y))  # [A] siamese "output N_f(N_a(X) + N_b(Y))"
+        if self.arch == "b2t":
+            return state[0]  # B2T: each block ends in N2; no final norm
+        if self.arch in ("hc", "mhc"):
+            return N(sum(state[1:], state[0]))  # HC / mHC: the streams are summed, then the final norm
         if self.arch == "span-norm" and len(state) != 1:
             raise ValueError("span-norm stack ended mid-block")
         (x,) = state
@@ -408,6 +439,9 @@ class Stack:
             f = self.F(l, x, detach)
             s = x + f
             return (N(s),), f, s
+
+        if a in ("b2t", "hc", "mhc"):
+            return self.hyper_or_b2t(l, state, detach)
 
         (x,) = state
 
@@ -524,6 +558,37 @@ class Stack:
             return (f,), f, f
 
         raise ValueError(a)
+
+    def hyper_or_b2t(self, l, state, detach):
+        """Issue 17's placements, from the papers (the representation: a fixed set of streams)."""
+        N = self.N
+        if self.arch == "b2t":
+            # Takase et al. 2022 (arXiv 2206.00330) Eq. 5-6: h = N1(x + Attn(x)); x <- N2(h + FFN(h) + x); x is
+            # carried through the attention sublayer, h through the FFN. One-sublayer blocks: post-ln.
+            x, h = state  # a carried stream is cloned: its own node, as in span-norm
+            if self.block == "attn-ffn" and self.kinds[l] == "attn":
+                f = self.F(l, x, detach)
+                s = x + f
+                return (x.clone(), N(s)), f, s
+            if self.block == "attn-ffn":
+                f = self.F(l, h, detach)
+                s = h + f + x
+                return (N(s), h.clone()), f, s
+            f = self.F(l, x, detach)
+            s = x + f
+            return (N(s), h.clone()), f, s
+        if self.arch == "hc":
+            # Zhu et al. 2024 (arXiv 2409.19606) at init: width connection [e_{k mod n} | I_n] (sublayer k reads
+            # stream k mod n), depth connection beta = 1 (T's output added to every stream); T = F(N(.)).
+            o = self.F(l, N(state[l % HYPER_STREAMS]), detach)
+            new = tuple(x + o for x in state)
+            return new, o, new[0]
+        # mHC (arXiv 2512.24880) Eq. 3, 7-8 at init: x_{l+1} = H_res x_l + H_post^T F(N(H_pre x_l))
+        res, pre, post = self.mhc
+        o = self.F(l, N(sum(pre[j] * state[j] for j in range(HYPER_STREAMS))), detach)
+        new = tuple(sum(res[i][j] * state[j] for j in range(HYPER_STREAMS)) + post[i] * o
+                    for i in range(HYPER_STREAMS))
+        return new, post[0] * o, new[0]
 
     # --- forward ---------------------------------------------------------------------------
     def forward(self, x0):
@@ -762,9 +827,10 @@ def build_from_export(path, qk_norm="rms", lns_index="block", wrong_variant=None
                       overrides=None):
     """Build the reference stack for an export.  `overrides` (keys: block, norm, heads, keel_variant,
     mix_ratio, alpha) are what the caller asked gradflow for; they take precedence over the exported
-    config (and any disagreement is noted), so the reference does not have to trust the config."""
+    config (and any disagreement is noted), so the reference does not have to trust the config.
+    overrides["arch"]: build these formulas whatever the export's arch (a placement file restating a built-in)."""
     arch, cfg, meta, x0, probes, weights = load_export(path)
-    arch = ALIASES.get(arch, arch)
+    arch = ALIASES.get((overrides or {}).get("arch") or arch, (overrides or {}).get("arch") or arch)
     ov = {k: v for k, v in (overrides or {}).items() if v is not None}
     notes = []
 

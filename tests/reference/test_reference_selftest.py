@@ -545,6 +545,31 @@ def strict_exit_codes():
 
 
 @test
+def all_follows_the_registry():
+    """--all compares every placement `archs --format json` lists; one the reference cannot build, or (with
+    --baselines) one without DIR/<id>.json, fails the run and is named, with or without --strict."""
+    import compare as C
+    assert C.exit_code(["OK", "NO_REFERENCE"], True, False) == 1
+    assert C.exit_code(["OK", "NO_BASELINE"], True, False) == 1
+    baselines = os.path.join(TMP, "baselines")
+    os.makedirs(baselines, exist_ok=True)
+    for arch in ("keel", "b2t-fake"):
+        open(os.path.join(baselines, f"{arch}.json"), "w").close()
+    r = _compare("--all", "--strict", "--baselines", baselines, env={"FAKE_GRADFLOW_ARCHS": "keel"})
+    assert r.returncode == 0 and "keel=OK" in r.stdout, r.stdout + r.stderr
+    for strict in (["--strict"], []):  # a new placement without formulas in the reference
+        r = _compare("--all", *strict, "--baselines", baselines, env={"FAKE_GRADFLOW_ARCHS": "keel,b2t-fake"})
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "keel=OK" in r.stdout and "b2t-fake=NO_REFERENCE" in r.stdout, r.stdout
+        assert "FAILED, not covered: b2t-fake: no reference support" in r.stdout, r.stdout
+    r = _compare("--all", "--baselines", baselines, env={"FAKE_GRADFLOW_ARCHS": "keel,pre-ln"})
+    assert r.returncode == 1 and "pre-ln=NO_BASELINE" in r.stdout, r.stdout + r.stderr
+    assert f"FAILED, not covered: pre-ln: no baseline: {os.path.join(baselines, 'pre-ln.json')}" in r.stdout
+    r = _compare("--all", env={"FAKE_GRADFLOW_ARCHS": "keel,pre-ln"})  # no --baselines: not asked for
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@test
 def ideal_rotation_branch():
     x = torch.randn(5, 16, generator=torch.Generator().manual_seed(5))
     y = R.rotate_pairs(x)

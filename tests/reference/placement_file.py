@@ -1,0 +1,679 @@
+#!/usr/bin/python3
+"""Independent interpreter of gradflow's placement files, in float64 torch.
+
+Written from docs/placement-files.md alone (never from the C++ loader); [P] cites that page. A file is
+parsed with tomllib, its constant expressions, conditions and rules with the small recursive-descent
+parser below (the grammar of [P] "Rule grammar"), and `FileStack` builds the placement's stack on an
+export's weights with the reference's own ops (gradflow_reference.py: norms, attention pieces, FFN), so
+gradflow_reference.analyze() computes the same figures as for a built-in.
+
+  /usr/bin/python3 placement_file.py FILE.toml EXPORT.safetensors [-o OUT.json]
+"""
+import argparse
+import json
+import math
+import re
+import sys
+import tomllib
+
+import torch
+
+import gradflow_reference as R
+
+# [P] "Top-level keys" and the reserved names of "Names"
+TOP_KEYS = {"id", "citation", "expected_growth", "streams", "output", "update_rule", "aliases", "provisional",
+            "unit_norm_weights", "constants", "init_gain", "sublayer"}
+SUBLAYER_KEYS = {"when", "rule", "qkv_norm", "score_scale", "ffn_hidden_scale", "skip_gain", "update", "sum"}
+RESERVED = set("S B l b d T heads kind block_kind attn ffn attn_ffn N U F sqrt exp log min max floor mod "
+               "if and or not".split())
+SIZES = ("S", "B", "d", "T", "heads")
+KIND_WORDS = {"attn": "attn", "ffn": "ffn", "attn_ffn": "attn-ffn"}  # [P] Conditions: kind / block_kind values
+QKV_NORMS = ("none", "per_head_qkv", "full_qk", "per_head_qk_unit")  # [P] `qkv_norm`
+TENSOR_FUNCS = ("N", "U", "F")
+CONST_FUNCS = {"sqrt": 1, "exp": 1, "log": 1, "floor": 1, "min": 2, "max": 2, "mod": 2, "if": 3}
+COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
+
+
+class FileError(ValueError):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokens and syntax tree ([P] "Rule grammar", "Constant expressions", "Conditions")
+# ----------------------------------------------------------------------------------------------
+_TOKEN = re.compile(r"(?:(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z_]\w*)"
+                    r"|(?P<op><-|==|!=|<=|>=|[-+*/^(),=;<>])|(?P<nl>\n))", re.S)
+
+
+def tokenize(text, arrows):
+    """Tokens (kind, text). `arrows`: '<-' is the assignment arrow (rules); elsewhere '<' then '-'. A newline
+    ends a statement (token ';') except inside parentheses or after a comma, an operator, '=' or '<-'."""
+    out, pos, depth = [], 0, 0
+    text = text.rstrip()
+    while pos < len(text):
+        if text[pos] in " \t\r":
+            pos += 1
+            continue
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise FileError(f"unexpected character {text[pos]!r} at {pos} in {text!r}")
+        kind = m.lastgroup
+        tok = m.group(kind)
+        if tok == "<-" and not arrows:
+            tok, end = "<", m.start(kind) + 1
+        else:
+            end = m.end()
+        pos = end
+        depth += (tok == "(") - (tok == ")")
+        if kind == "nl" and (depth > 0 or not out or out[-1][1] in (",", "+", "-", "*", "/", "^", "=", "<-", ";")):
+            continue
+        out.append(("op" if kind == "nl" else kind, ";" if kind == "nl" else tok))
+    return out
+
+
+class Node:
+    """One syntax-tree node: kind in num, name, call, neg, bin (op + - * / ^), cmp, and, or, not."""
+    __slots__ = ("kind", "op", "args", "value")
+
+    def __init__(self, kind, op=None, args=(), value=None):
+        self.kind, self.op, self.args, self.value = kind, op, list(args), value
+
+    def __repr__(self):
+        return f"{self.kind}:{self.op or self.value}({', '.join(map(repr, self.args))})"
+
+
+class Parser:
+    def __init__(self, text, arrows=False):
+        self.text, self.toks, self.i = text, tokenize(text, arrows), 0
+
+    def peek(self, k=0):
+        return self.toks[self.i + k] if self.i + k < len(self.toks) else (None, None)
+
+    def take(self, want=None):
+        tok = self.peek()
+        if tok[0] is None or (want is not None and tok[1] != want):
+            raise FileError(f"expected {want or 'more'} at token {self.i} of {self.text!r}, found {tok[1]!r}")
+        self.i += 1
+        return tok
+
+    def done(self):
+        return self.i >= len(self.toks)
+
+    def end(self):
+        if not self.done():
+            raise FileError(f"unexpected {self.peek()[1]!r} in {self.text!r}")
+
+    # expr := term (('+' | '-') term)*
+    def expr(self):
+        node = self.term()
+        while self.peek()[1] in ("+", "-"):
+            node = Node("bin", self.take()[1], [node, self.term()])
+        return node
+
+    def term(self):
+        node = self.unary()
+        while self.peek()[1] in ("*", "/"):
+            node = Node("bin", self.take()[1], [node, self.unary()])
+        return node
+
+    def unary(self):
+        if self.peek()[1] == "-":
+            self.take()
+            return Node("neg", args=[self.unary()])
+        return self.power()
+
+    def power(self):  # power := atom ('^' unary)?  (right-associative, tighter than unary minus)
+        node = self.atom()
+        if self.peek()[1] == "^":
+            self.take()
+            node = Node("bin", "^", [node, self.unary()])
+        return node
+
+    def atom(self):
+        kind, tok = self.take()
+        if kind == "num":
+            return Node("num", value=float(tok))
+        if tok == "(":
+            node = self.expr()
+            self.take(")")
+            return node
+        if kind != "name":
+            raise FileError(f"expected a number, a name or '(' in {self.text!r}, found {tok!r}")
+        if self.peek()[1] != "(":
+            return Node("name", value=tok)
+        self.take("(")
+        args = [self.cond() if tok == "if" else self.expr()]
+        while self.peek()[1] == ",":
+            self.take()
+            args.append(self.expr())
+        self.take(")")
+        return Node("call", tok, args)
+
+    # conditions: or > and > not > comparison | '(' condition ')'
+    def cond(self):
+        node = self.cond_and()
+        while self.peek()[1] == "or":
+            self.take()
+            node = Node("or", args=[node, self.cond_and()])
+        return node
+
+    def cond_and(self):
+        node = self.cond_not()
+        while self.peek()[1] == "and":
+            self.take()
+            node = Node("and", args=[node, self.cond_not()])
+        return node
+
+    def cond_not(self):
+        if self.peek()[1] == "not":
+            self.take()
+            return Node("not", args=[self.cond_not()])
+        if self.peek()[1] == "(":  # a parenthesised condition, unless the parenthesis opens an expression
+            start = self.i
+            try:
+                self.take("(")
+                node = self.cond()
+                self.take(")")
+                if self.peek()[1] not in COMPARISONS + ("+", "-", "*", "/", "^"):
+                    return node
+            except FileError:
+                pass
+            self.i = start
+        lhs = self.expr()
+        op = self.take()[1]
+        if op not in COMPARISONS:
+            raise FileError(f"expected a comparison in {self.text!r}, found {op!r}")
+        return Node("cmp", op, [lhs, self.expr()])
+
+    # statement := NAME '=' expr | NAME (',' NAME)* '<-' expr (',' expr)*
+    def statements(self):
+        out = []
+        while not self.done():
+            if self.peek()[1] == ";":
+                self.take()
+                continue
+            names = [self.take_name()]
+            if self.peek()[1] == "=":
+                self.take()
+                out.append(("bind", names, [self.expr()]))
+            else:
+                while self.peek()[1] == ",":
+                    self.take()
+                    names.append(self.take_name())
+                self.take("<-")
+                exprs = [self.expr()]
+                while self.peek()[1] == ",":
+                    self.take()
+                    exprs.append(self.expr())
+                out.append(("assign", names, exprs))
+            if not self.done():
+                self.take(";")
+        return out
+
+    def take_name(self):
+        kind, tok = self.take()
+        if kind != "name":
+            raise FileError(f"expected a name in {self.text!r}, found {tok!r}")
+        return tok
+
+
+def parse_expr(text):
+    p = Parser(str(text))
+    node = p.expr()
+    p.end()
+    return node
+
+
+def parse_cond(text):
+    p = Parser(str(text))
+    node = p.cond()
+    p.end()
+    return node
+
+
+# ----------------------------------------------------------------------------------------------
+# Constant expressions, evaluated in double for one sublayer ([P] "Constant expressions")
+# ----------------------------------------------------------------------------------------------
+class Where:
+    """The sizes of the run and the sublayer being built (l, b, kind) with the file's named constants,
+    evaluated lazily in any order (a cycle is an error) and cached."""
+
+    def __init__(self, placement, sizes, l, b, kind, block_kind):
+        self.p, self.sizes, self.l, self.b, self.kind, self.block_kind = placement, sizes, l, b, kind, block_kind
+        self.cache, self.busy = {}, set()
+
+    def constant(self, name):
+        if name not in self.cache:
+            if name in self.busy:
+                raise FileError(f"constant '{name}' depends on itself")
+            self.busy.add(name)
+            raw = self.p.constants[name]
+            value = float(raw) if isinstance(raw, (int, float)) else self.value(self.p.constant_ast[name])
+            if not math.isfinite(value):  # a TOML number may be nan or inf
+                raise FileError(f"constant '{name}' is {value}")
+            self.cache[name] = value
+            self.busy.discard(name)
+        return self.cache[name]
+
+    def word(self, node):
+        """kind / block_kind / attn / ffn / attn_ffn in a comparison (strings), else None."""
+        if node.kind != "name":
+            return None
+        if node.value == "kind":
+            return self.kind
+        if node.value == "block_kind":
+            return self.block_kind
+        return KIND_WORDS.get(node.value)
+
+    def value(self, node):
+        v = self._value(node)
+        if not math.isfinite(v):
+            raise FileError(f"{node!r} is {v} (S = {self.sizes['S']}, B = {self.sizes['B']})")
+        return v
+
+    def _value(self, node):
+        k = node.kind
+        if k == "num":
+            return node.value
+        if k == "name":
+            name = node.value
+            if name in SIZES:
+                return float(self.sizes[name])
+            if name == "l":
+                return float(self.l)
+            if name == "b":
+                return float(self.b)
+            if name in self.p.constants:
+                return self.constant(name)
+            raise FileError(f"unknown name '{name}' in a constant expression")
+        if k == "neg":
+            return -self.value(node.args[0])
+        if k == "bin":
+            return _arith(node.op, self.value(node.args[0]), self.value(node.args[1]))
+        if k == "call":
+            return self.call(node)
+        raise FileError(f"a condition where a number is expected: {node!r}")
+
+    def call(self, node):
+        f, args = node.op, node.args
+        if f not in CONST_FUNCS or CONST_FUNCS[f] != len(args):
+            raise FileError(f"'{f}' with {len(args)} argument(s) in a constant expression")
+        if f == "if":  # only the chosen branch is evaluated
+            return self.value(args[1] if self.holds(args[0]) else args[2])
+        x = [self.value(a) for a in args]
+        try:
+            return {"sqrt": lambda: math.sqrt(x[0]), "exp": lambda: math.exp(x[0]), "log": lambda: math.log(x[0]),
+                    "floor": lambda: float(math.floor(x[0])), "min": lambda: min(x[0], x[1]),
+                    "max": lambda: max(x[0], x[1]), "mod": lambda: math.fmod(x[0], x[1])}[f]()
+        except (ValueError, OverflowError):
+            return math.nan
+
+    def holds(self, node):
+        """A condition ([P] "Conditions")."""
+        k = node.kind
+        if k == "and":
+            return self.holds(node.args[0]) and self.holds(node.args[1])
+        if k == "or":
+            return self.holds(node.args[0]) or self.holds(node.args[1])
+        if k == "not":
+            return not self.holds(node.args[0])
+        if k != "cmp":
+            raise FileError(f"expected a condition, found {node!r}")
+        lw, rw = self.word(node.args[0]), self.word(node.args[1])
+        if lw is not None or rw is not None:
+            if lw is None or rw is None or node.op not in ("==", "!="):
+                raise FileError(f"kind / block_kind compare with == or != to attn, ffn, attn_ffn: {node!r}")
+            return (lw == rw) == (node.op == "==")
+        a, c = self.value(node.args[0]), self.value(node.args[1])
+        return {"==": a == c, "!=": a != c, "<": a < c, "<=": a <= c, ">": a > c, ">=": a >= c}[node.op]
+
+
+def _arith(op, a, c):
+    try:
+        if op == "+":
+            return a + c
+        if op == "-":
+            return a - c
+        if op == "*":
+            return a * c
+        if op == "/":
+            return a / c if c != 0 else (math.copysign(math.inf, a) * math.copysign(1.0, c) if a else math.nan)
+        return math.pow(a, c)  # std::pow
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return math.nan
+
+
+# ----------------------------------------------------------------------------------------------
+# The file
+# ----------------------------------------------------------------------------------------------
+class PlacementFile:
+    """A parsed placement file ([P] "Top-level keys", "[[sublayer]]", "The output head")."""
+
+    def __init__(self, text, source="<text>"):
+        self.text, self.source = text, source
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise FileError(f"{source}: {e}")
+        unknown = set(doc) - TOP_KEYS
+        if unknown:
+            raise FileError(f"{source}: unknown key(s) {sorted(unknown)}")
+        for key in ("id", "citation", "expected_growth", "output", "sublayer"):
+            if key not in doc:
+                raise FileError(f"{source}: missing '{key}'")
+        self.id = doc["id"]
+        self.streams = list(doc.get("streams", ["x"]))
+        self.constants = dict(doc.get("constants", {}))
+        self.constant_ast = {n: parse_expr(v) for n, v in self.constants.items() if isinstance(v, str)}
+        self.init_gain = {k: parse_expr(v) if isinstance(v, str) else Node("num", value=float(v))
+                          for k, v in doc.get("init_gain", {}).items()}
+        self._check_names()
+        self.output = parse_expr(doc["output"])
+        self.entries = [Entry(e, self) for e in doc["sublayer"]]
+
+    def _check_names(self):
+        """[P] Names: identifiers, not reserved, no two alike; a stream may take a size's name (ResiDual's `d`)
+        and then means the stream inside rules and the output head."""
+        names = self.streams + list(self.constants)
+        for n in names:
+            size_stream = n in self.streams and n in SIZES + ("l", "b")
+            if not re.fullmatch(r"[A-Za-z_]\w*", n) or (n in RESERVED and not size_stream):
+                raise FileError(f"{self.source}: '{n}' is not a usable name (reserved or not an identifier)")
+        if len(set(names)) != len(names):
+            raise FileError(f"{self.source}: a stream and a constant share a name: {names}")
+
+    def entry_for(self, where):
+        """[P]: the first [[sublayer]] entry, in file order, whose `when` holds."""
+        for e in self.entries:
+            if e.when is None or where.holds(e.when):
+                return e
+        raise FileError(f"{self.source}: no [[sublayer]] entry selects sublayer {where.l} ({where.kind})")
+
+
+class Entry:
+    """One [[sublayer]] entry: its condition, statements and branch options."""
+
+    def __init__(self, raw, placement):
+        unknown = set(raw) - SUBLAYER_KEYS
+        if unknown:
+            raise FileError(f"{placement.source}: unknown [[sublayer]] key(s) {sorted(unknown)}")
+        self.when = parse_cond(raw["when"]) if "when" in raw else None
+        self.statements = Parser(raw["rule"], arrows=True).statements()
+        self.qkv_norm = raw.get("qkv_norm", "none")
+        if self.qkv_norm not in QKV_NORMS:
+            raise FileError(f"{placement.source}: qkv_norm '{self.qkv_norm}' is not one of {QKV_NORMS}")
+        self.score_scale = _opt_expr(raw, "score_scale")
+        self.ffn_hidden_scale = _opt_expr(raw, "ffn_hidden_scale")
+        self.skip_gain = _opt_expr(raw, "skip_gain")
+        if ("update" in raw) != ("sum" in raw):
+            raise FileError(f"{placement.source}: name both `update` and `sum`, or neither")
+        self.update_name, self.sum_name = raw.get("update"), raw.get("sum")
+        self.bindings = {names[0]: exprs[0] for kind, names, exprs in self.statements if kind == "bind"}
+        self.assignments = [(n, e) for kind, names, exprs in self.statements if kind == "assign"
+                            for n, e in zip(names, exprs)]
+        self._check(placement)
+
+    def _check(self, placement):
+        streams = set(placement.streams)
+        for kind, names, exprs in self.statements:
+            if kind == "assign" and len(names) != len(exprs):
+                raise FileError(f"{placement.source}: {len(names)} targets but {len(exprs)} expressions")
+        targets = [n for n, _ in self.assignments]
+        if not targets or len(set(targets)) != len(targets) or not set(targets) <= streams:
+            raise FileError(f"{placement.source}: assignment targets {targets} (streams {sorted(streams)})")
+        uses = sum(_count_F(e, {}) for e in self.bindings.values()) + \
+            sum(_count_F(e, {}) for _, e in self.assignments)
+        if uses != 1:
+            raise FileError(f"{placement.source}: F used {uses} times in a rule (exactly once)")
+
+
+def _opt_expr(raw, key):
+    if key not in raw:
+        return None
+    v = raw[key]
+    return parse_expr(v) if isinstance(v, str) else Node("num", value=float(v))
+
+
+def _count_F(node, seen):
+    return (node.kind == "call" and node.op == "F") + sum(_count_F(a, seen) for a in node.args)
+
+
+# ----------------------------------------------------------------------------------------------
+# The stack a file builds ([P] "Meaning of each construct", "The update and the sum")
+# ----------------------------------------------------------------------------------------------
+class FileStack:
+    """Same interface as gradflow_reference.Stack (init_state, sublayer, output, forward, streams, kinds, S),
+    so gradflow_reference.analyze() computes the figures."""
+
+    def __init__(self, placement, weights, heads, block, norm, d, T, branch="model", sublayers=None):
+        self.p, self.W, self.heads, self.block, self.branch = placement, weights, heads, block, branch
+        self.N = R.NORMS[norm]
+        self.S = len(weights) if sublayers is None else int(sublayers)
+        self.per_block = 2 if block == "attn-ffn" else 1
+        if self.S % self.per_block:
+            raise FileError("odd sublayer count for attn-ffn")
+        self.B = self.S // self.per_block
+        self.sizes = {"S": self.S, "B": self.B, "d": d, "T": T, "heads": heads}
+        self.kinds = [("attn" if l % 2 == 0 else "ffn") if block == "attn-ffn" else block for l in range(self.S)]
+        self.streams = list(placement.streams)
+        self.admin_w = None
+        self.where = [self._where(l) for l in range(self.S)]
+        self.entries = [placement.entry_for(w) for w in self.where]  # every sublayer checked before any work
+
+    def _where(self, l):
+        return Where(self.p, self.sizes, l, l // self.per_block, self.kinds[l], self.block)
+
+    def block_of(self, l):
+        return l // self.per_block
+
+    def constants_at_last_sublayer(self):
+        """[P] `[constants]`: config.constants reports each named constant at l = S-1, b = B-1, its kind."""
+        last = self.where[-1]
+        return {name: last.constant(name) for name in self.p.constants}
+
+    def skip_gain_theory(self):
+        return [w.value(e.skip_gain) if e.skip_gain is not None else None for w, e in zip(self.where, self.entries)]
+
+    def init_state(self, x0):
+        return tuple(x0.clone() for _ in self.streams)  # [P] every stream of x_0 is a copy of the input
+
+    def output(self, state):
+        ev = Evaluation(self, dict(zip(self.streams, state)), self.where[-1], None, False, {})
+        return ev.tensor(self.p.output)
+
+    def sublayer(self, l, state, detach=False):
+        entry = self.entries[l]
+        ev = Evaluation(self, dict(zip(self.streams, state)), self.where[l], l, detach, entry.bindings, entry)
+        new = dict(ev.inputs)
+        for name, e in entry.assignments:  # simultaneous: every expression reads the sublayer's input
+            new[name] = ev.tensor(e)
+        update, total = ev.update_and_sum()
+        return tuple(new[s] for s in self.streams), update, total
+
+    def forward(self, x0):
+        with torch.no_grad():
+            state = self.init_state(x0)
+            states, updates, presums = [state], [], []
+            for l in range(self.S):
+                state, u, s = self.sublayer(l, state)
+                states.append(state)
+                updates.append(u)
+                presums.append(s)
+        return states, updates, presums
+
+
+class Evaluation:
+    """One evaluation of a rule (or the output head) on one state: values of every node, bindings once."""
+
+    def __init__(self, stack, inputs, where, l, detach, bindings, entry=None):
+        self.st, self.inputs, self.where, self.l, self.detach = stack, inputs, where, l, detach
+        self.bindings, self.entry, self.bound, self.values = bindings, entry, {}, {}
+
+    def is_tensor(self, node):
+        if node.kind == "name":
+            return node.value in self.inputs or node.value in self.bindings
+        if node.kind == "call" and node.op in TENSOR_FUNCS:
+            return True
+        return any(self.is_tensor(a) for a in node.args if a.kind not in ("cmp", "and", "or", "not"))
+
+    def tensor(self, node):
+        if id(node) not in self.values:
+            self.values[id(node)] = self._tensor(node)
+        return self.values[id(node)]
+
+    def _tensor(self, node):
+        k = node.kind
+        if k == "name":
+            if node.value in self.inputs:
+                return self.inputs[node.value]
+            if node.value not in self.bound:  # a binding is one node, evaluated once
+                self.bound[node.value] = self.tensor(self.bindings[node.value])
+            return self.bound[node.value]
+        if k == "call":
+            if node.op not in TENSOR_FUNCS or len(node.args) != 1:
+                raise FileError(f"{node.op}() of a tensor")
+            x = self.tensor(node.args[0])
+            return self.st.N(x) if node.op == "N" else R.unit(x) if node.op == "U" else self.branch(x)
+        if k == "neg":
+            return self.tensor(node.args[0]) * -1.0
+        a, c = node.args
+        ta, tc = self.is_tensor(a), self.is_tensor(c)
+        if node.op in ("+", "-"):
+            if not (ta and tc):
+                raise FileError(f"'{node.op}' of a tensor and a constant: {node!r}")
+            return self.tensor(a) + (self.tensor(c) if node.op == "+" else self.tensor(c) * -1.0)
+        if node.op == "*" and ta != tc:
+            return scale(self.tensor(a), self.where.value(c)) if ta else scale(self.tensor(c), self.where.value(a))
+        if node.op == "/" and ta and not tc:
+            return scale(self.tensor(a), 1.0 / self.where.value(c))
+        raise FileError(f"'{node.op}' not defined on these operands: {node!r}")
+
+    def branch(self, x):
+        """F ([P] "F(e)"): attention or FFN with the entry's options, or gradflow --ideal-branch's rotation."""
+        l, e, w = self.l, self.entry, self.where
+        if self.st.branch == "rotation":
+            out = R.rotate_pairs(x)
+        elif self.st.kinds[l] == "attn":
+            dh = self.st.sizes["d"] / self.st.heads
+            scale_ = w.value(e.score_scale) if e.score_scale is not None else 1.0 / math.sqrt(dh)
+            out = attention(x, self.st.W[l], self.st.heads, e.qkv_norm, scale_, self.st.N)
+        else:
+            hidden = w.value(e.ffn_hidden_scale) if e.ffn_hidden_scale is not None else 1.0
+            out = R.ffn(x, self.st.W[l], hidden)
+        return out.detach() if self.detach else out
+
+    def update_and_sum(self):
+        e = self.entry
+        if e.update_name is not None:  # named bindings ([P] `update = "NAME"` and `sum = "NAME"`)
+            return self.tensor(self.bindings[e.update_name]), self.tensor(self.bindings[e.sum_name])
+        for _, expr in e.assignments:  # the marked stream: the first target whose expression depends on F
+            path = self.path_to_F(expr)
+            if path:
+                break
+        for i, node in enumerate(path):  # the outermost + or - on the path from the root down to F
+            if node.kind == "bin" and node.op in ("+", "-"):
+                operand = path[i + 1]
+                update = self.tensor(operand)
+                if node.op == "-" and operand is node.args[1]:
+                    update = update * -1.0  # the scale(., -1) node
+                return update, self.tensor(node)
+        return self.tensor(expr), self.tensor(expr)
+
+    def path_to_F(self, node):
+        """Nodes from `node` down to the F call, looking through bindings; [] when F is not below."""
+        if node.kind == "call" and node.op == "F":
+            return [node]
+        if node.kind == "name" and node.value in self.bindings:
+            below = self.path_to_F(self.bindings[node.value])
+            return [node] + below if below else []
+        for a in node.args:
+            below = self.path_to_F(a)
+            if below:
+                return [node] + below
+        return []
+
+
+def scale(x, c):
+    return x if c == 1.0 else x * c  # [P] a scale by exactly 1 builds no node
+
+
+def attention(x, W, heads, qkv_norm, score_scale, N):
+    """[P] F for attention with `qkv_norm` and `score_scale`: Q = x W_Q, K = x W_K, V = x W_V, per head
+    softmax(causal(score_scale * Q_h K_h^T)) V_h, heads concatenated, @ W_O (docs/placements.md)."""
+    Q, K, V = x @ W["W_Q"], x @ W["W_K"], x @ W["W_V"]
+    if qkv_norm == "full_qk":
+        Q, K = N(Q), N(K)  # [P] the configured norm over the full q and k (OLMo 2)
+    Qh, Kh, Vh = R.split_heads(Q, heads), R.split_heads(K, heads), R.split_heads(V, heads)
+    if qkv_norm == "per_head_qkv":
+        Qh, Kh, Vh = N(Qh), N(Kh), N(Vh)  # [P] the configured norm on each head's q, k and v (HybridNorm)
+    if qkv_norm == "per_head_qk_unit":
+        Qh, Kh = R.unit(Qh), R.unit(Kh)  # [P] unit-normalised q and k per head (nGPT)
+    P = R.causal_softmax((Qh @ Kh.transpose(-1, -2)) * score_scale)
+    return R.merge_heads(P @ Vh) @ W["W_O"]
+
+
+# ----------------------------------------------------------------------------------------------
+# From an export
+# ----------------------------------------------------------------------------------------------
+def fnv1a64(data):
+    """[P] placement_file.hash: FNV-1a 64-bit of the file's bytes, written 'fnv1a64:' + 16 hex digits."""
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"fnv1a64:{h:016x}"
+
+
+def build_from_export(placement, path, overrides=None):
+    """(stack, x0, probes, cfg, notes) for a placement file on gradflow's exported weights. `overrides`
+    (block, norm, heads) are what the caller asked gradflow for and take precedence over the config."""
+    arch, cfg, meta, x0, probes, weights = R.load_export(path)
+    ov = {k: v for k, v in (overrides or {}).items() if v is not None}
+    notes = []
+    if arch != placement.id:
+        notes.append(f"export's arch is '{arch}' but the file's id is '{placement.id}'")
+    T, d = x0.shape
+    branch = cfg.get("branch") or "model"
+    S = int(cfg["sublayers"]) if branch == "rotation" else len(weights)
+    if branch == "rotation":
+        weights = [{} for _ in range(S)]
+    stack = FileStack(placement, weights, int(ov.get("heads", cfg.get("heads", 1))), ov.get("block", cfg.get(
+        "block", "attn-ffn")), ov.get("norm", cfg.get("norm", "rms")), d, T, branch, S)
+    return stack, x0, probes, cfg, notes
+
+
+def run_reference(placement, path, overrides=None):
+    stack, x0, probes, cfg, notes = build_from_export(placement, path, overrides)
+    res = R.analyze(stack, x0, probes)
+    res["sublayers"]["skip_gain_theory"] = stack.skip_gain_theory()
+    res.update({"arch": placement.id, "constants": stack.constants_at_last_sublayer(), "notes": notes})
+    return res
+
+
+def load(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    return PlacementFile(data.decode("utf-8"), path)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("placement", help="a placement file (.toml)")
+    p.add_argument("export", help="gradflow analyze --export-weights FILE.safetensors of that placement")
+    p.add_argument("-o", "--output")
+    a = p.parse_args(argv)
+    try:
+        res = run_reference(load(a.placement), a.export)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"placement_file: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(res, indent=1, allow_nan=True)
+    if a.output:
+        with open(a.output, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+#!/usr/bin/python3
+"""Self-tests of the placement-file interpreter (placement_file.py; no gradflow binary needed).
+
+Built-in placements written as files from docs/placements.md must give the hand-written reference's figures
+(gradflow_reference.py) on the same synthetic export; the grammar's stated meanings ([P] =
+docs/placement-files.md) are checked one by one.
+
+Run:  /usr/bin/python3 tests/reference/test_placement_file.py     (prints 'N passed, M failed')
+"""
+import glob
+import math
+import os
+import sys
+import traceback
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gradflow_reference as R  # noqa: E402
+import placement_file as PF  # noqa: E402
+import test_reference_selftest as T  # noqa: E402
+
+torch.set_default_dtype(torch.float64)
+TESTS = []
+HEAD = 'citation = "test"\nexpected_growth = "other"\n'
+
+# Built-ins as files, from docs/placements.md; the key is the built-in they must reproduce.
+BUILT_INS = {
+    "post-ln": 'output = "x"\n[[sublayer]]\nrule = "x <- N(x + F(x))"\n',
+    "pre-ln": 'output = "N(x)"\n[[sublayer]]\nrule = "x <- x + F(N(x))"\n',
+    "deepnorm": 'output = "x"\n[constants]\nalpha = "(2*B)^(1/4)"\n[[sublayer]]\nrule = "x <- N(alpha*x + F(x))"\n',
+    "keel": ('output = "x"\n[constants]\nalpha = "S"\n'
+             '[[sublayer]]\nwhen = "b == 0 and kind == attn"\nrule = "x <- x + F(N(x))"\n'
+             '[[sublayer]]\nwhen = "b == 0 and kind == ffn"\nrule = "x <- N(x + F(N(x)))"\n'
+             '[[sublayer]]\nrule = "x <- N(alpha*x + F(N(x)))"\n'),
+    "mix-ln": ('output = "N(x)"\n[constants]\npost = "floor(0.25*B)"\n'
+               '[[sublayer]]\nwhen = "b < post"\nrule = "x <- N(x + F(x))"\n'
+               '[[sublayer]]\nrule = "x <- x + F(N(x))"\n'),
+    "hybridnorm": ('output = "N(x)"\n[[sublayer]]\nwhen = "kind == attn"\nrule = "x <- x + F(x)"\n'
+                   'qkv_norm = "per_head_qkv"\n[[sublayer]]\nrule = "h = N(x); x <- h + F(h)"\n'),
+    "hybridnorm-star": ('output = "N(x)"\n'
+                        '[[sublayer]]\nwhen = "b == 0"\nrule = "x <- x + F(N(x))"\nqkv_norm = "per_head_qkv"\n'
+                        '[[sublayer]]\nwhen = "kind == attn"\nrule = "x <- x + F(x)"\nqkv_norm = "per_head_qkv"\n'
+                        '[[sublayer]]\nrule = """\nh = N(x)\nx <- h +\n  F(h)\n"""\n'),
+    "resi-dual": ('streams = ["a", "d"]\noutput = "a + N(d)"\n'  # [P] a stream may take a size's name
+                  '[[sublayer]]\nrule = "o = F(a); a, d <- N(a + o), d + o"\n'),
+    "siamese-norm": ('streams = ["X", "Y"]\noutput = "N(N(X) + N(Y))"\n[constants]\nc = "sqrt(2*(b + 1))"\n'
+                     '[[sublayer]]\nrule = "Xn = N(X); O = F(N(Xn + N(Y))); X, Y <- Xn + O/c, Y + O"\n'),
+    "peri-ln": 'output = "N(x)"\n[[sublayer]]\nrule = "x <- x + N(F(N(x)))"\n',
+    "olmo2": 'output = "N(x)"\n[[sublayer]]\nrule = "x <- x + N(F(x))"\nqkv_norm = "full_qk"\n',
+    "rezero": 'output = "x"\n[constants]\nalpha = 0\n[[sublayer]]\nrule = "x <- x + alpha*F(x)"\n',
+    "layerscale": ('output = "N(x)"\n[constants]\nlam = "if(B <= 18, 0.1, if(B <= 24, 1e-5, 1e-6))"\n'
+                   '[[sublayer]]\nrule = "x <- x + lam*F(N(x))"\n'),
+    "depth-mup": 'output = "N(x)"\n[[sublayer]]\nrule = "x <- x + (1/sqrt(S))*F(N(x))"\n',
+    "deepscalelm": ('output = "N(x)"\n[constants]\nbeta = "sqrt(2/S)"\nlam = "sqrt(1 - beta^2)"\n'
+                    '[[sublayer]]\nrule = "x <- lam*x + beta*F(N(x))"\n'),
+    "ngpt": ('output = "h"\nstreams = ["h"]\n[constants]\nalpha = 0.05\n'
+             '[[sublayer]]\nrule = "h <- U(U(h) + alpha*(U(F(h)) - U(h)))"\nqkv_norm = "per_head_qk_unit"\n'
+             'score_scale = "sqrt(d/heads)"\nffn_hidden_scale = "sqrt(d)"\n'),
+    "lns": 'output = "N(x)"\n[[sublayer]]\nrule = "x <- x + F(N(x) / sqrt(b + 1))"\n',
+    "plain": 'output = "x"\n[[sublayer]]\nrule = "x <- F(x)"\n',
+}
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+def placement(body, pid="t"):
+    return PF.PlacementFile(f'id = "{pid}"\n' + HEAD + body, f"<{pid}>")
+
+
+def figures_equal(a, b, tol=1e-12):
+    """Largest relative difference over every figure of two reference results (streams by position)."""
+    worst = 0.0
+    pairs = [(a["states"][k], b["states"][k]) for k in ("rms", "log10_grad", "log10_grad_rel")]
+    pairs += [(a["sublayers"][k], b["sublayers"][k])
+              for k in ("gain", "skip_gain", "branch_gain", "branch_rms", "stream_share")]
+    for sa, sb in zip(a["states"]["streams"].values(), b["states"]["streams"].values()):
+        pairs += [(sa["rms"], sb["rms"]), (sa["log10_grad"], sb["log10_grad"])]
+    for xs, ys in pairs:
+        assert len(xs) == len(ys)
+        for x, y in zip(xs, ys):
+            if x is None or y is None:
+                assert x is None and y is None
+                continue
+            worst = max(worst, abs(x - y) / max(abs(x), abs(y), 1e-300) if max(abs(x), abs(y)) > 1e-14 else 0.0)
+    assert a["sublayers"]["kind"] == b["sublayers"]["kind"]
+    assert worst <= tol, worst
+    return worst
+
+
+@test
+def built_ins_as_files_match_the_hand_written_reference():
+    worst = 0.0
+    for arch, body in BUILT_INS.items():
+        for block, norm in (("attn-ffn", "rms"), ("ffn", "layer"), ("attn", "dyt")):
+            path = T.make_export(arch, B=4, block=block, norm=norm, name=f"pf_{arch}_{block}_{norm}.st")
+            # [P] qkv_norm: "the configured norm" on q, k (and v); the hand-written default is RMSNorm
+            hand = R.run_reference(path, qk_norm="follow")
+            mine = PF.run_reference(placement(body, arch), path)
+            try:
+                worst = max(worst, figures_equal(hand, mine))
+            except AssertionError as e:
+                raise AssertionError(f"{arch} {block} {norm}: {e}")
+    print(f"     built-ins as files vs hand-written reference: worst relative difference {worst:.1e}")
+
+
+@test
+def shipped_files_read_and_restate_their_built_ins():
+    """Every data/placements/**/*.toml is read by the interpreter and runs; one whose id is a built-in's (or
+    `<built-in>-file`) reproduces the hand-written formulas, q/k/v norms as [P] states them."""
+    import compare as C
+    repo = os.path.dirname(os.path.dirname(HERE))
+    paths = sorted(glob.glob(os.path.join(repo, "data", "placements", "**", "*.toml"), recursive=True))
+    worst, restated = 0.0, []
+    for path in paths:
+        p = PF.load(path)
+        built_in = C.hand_written(p.id)
+        for block, norm in (("attn-ffn", "rms"), ("ffn", "layer"), ("attn", "dyt")):
+            export = T.make_export(built_in or "post-ln", B=4, block=block, norm=norm,
+                                   name=f"shipped_{p.id}_{block}.st")
+            mine = PF.run_reference(p, export)
+            if built_in:
+                stack, x0, probes, *_ = R.build_from_export(export, qk_norm="follow", overrides={"arch": built_in})
+                try:
+                    worst = max(worst, figures_equal(R.analyze(stack, x0, probes), mine))
+                except AssertionError as e:
+                    raise AssertionError(f"{path} ({block}, {norm}) is not {built_in}: {e}")
+        if built_in:
+            restated.append(p.id)
+    print(f"     {len(paths)} shipped files; {len(restated)} restate a built-in, worst difference {worst:.1e}")
+
+
+@test
+def a_wrong_file_is_told_apart():
+    """keel with a on the branch (N(x + a F(N2 x))) is not keel: the comparison can fail."""
+    path = T.make_export("keel", B=4, name="pf_keel_wrong.st")
+    body = BUILT_INS["keel"].replace("N(alpha*x + F(N(x)))", "N(x + alpha*F(N(x)))")
+    try:
+        figures_equal(R.run_reference(path), PF.run_reference(placement(body, "keel"), path))
+    except AssertionError:
+        return
+    raise AssertionError("a wrong keel file matched the reference")
+
+
+@test
+def constant_expressions():
+    """[P] precedence, associativity, functions, if, and the sizes; NaN / infinity is an error."""
+    p = placement('output = "x"\n[constants]\nk = 3\n[[sublayer]]\nrule = "x <- x + F(x)"\n')
+    w = PF.Where(p, {"S": 8, "B": 4, "d": 16, "T": 5, "heads": 2}, 5, 2, "ffn", "attn-ffn")
+    cases = {"-2^2": -4.0, "2^3^2": 512.0, "2^-1": 0.5, "1 - 2 - 3": -4.0, "8 / 4 / 2": 1.0, "(2*B)^(1/4)":
+             math.pow(8.0, 0.25), "min(l, b) + max(S, d)": 18.0, "mod(7, 3)": 1.0, "mod(-7, 3)": -1.0,
+             "floor(2.7)": 2.0, "if(kind == ffn and not l < 5, k, 0)": 3.0, "if((l + 1) == 6 or b > 9, 1, 2)": 1.0,
+             "if(block_kind == attn_ffn, T, heads)": 5.0, "1.5E+3 * 1e-3": 1.5, "sqrt(d/heads)": math.sqrt(8.0),
+             "exp(log(2))": math.exp(math.log(2.0)), "if(l == 5, 1, log(0))": 1.0}
+    for text, want in cases.items():
+        assert w.value(PF.parse_expr(text)) == want, (text, w.value(PF.parse_expr(text)), want)
+    assert w.holds(PF.parse_cond("(kind == ffn) and (b + 1) * 2 == 6"))
+    for bad in ("log(0)", "1/0", "sqrt(-1)", "unknown + 1"):
+        try:
+            w.value(PF.parse_expr(bad))
+        except PF.FileError:
+            continue
+        raise AssertionError(f"{bad} was accepted")
+
+
+@test
+def update_and_sum_inference():
+    """[P] "The update and the sum": the outermost + or - on the path to F; '-' with F on the right gives the
+    scale(., -1) node; no + or -: both are the assigned expression; `update`/`sum` name bindings."""
+    path = T.make_export("post-ln", B=2, name="pf_update.st")
+    _, _, _, x0, _, weights = R.load_export(path)
+    d, T_ = x0.shape[1], x0.shape[0]
+
+    def one(rule, extra=""):
+        p = placement(f'output = "x"\n[[sublayer]]\nrule = "{rule}"\n{extra}')
+        st = PF.FileStack(p, weights, 2, "attn-ffn", "rms", d, T_)
+        return st.sublayer(1, (x0,)), R.ffn(x0, weights[1]), R.ffn(R.rms_norm(x0), weights[1])
+
+    ((y,), u, s), f, fn = one("x <- x - 2*F(x)")
+    assert torch.equal(u, (f * 2.0) * -1.0) and torch.equal(s, x0 + u) and torch.equal(y, s)
+    ((y,), u, s), f, fn = one("x <- N(3*x + F(N(x)))")
+    assert torch.equal(u, fn) and torch.equal(s, x0 * 3.0 + fn)
+    ((y,), u, s), f, fn = one("x <- F(x)")
+    assert torch.equal(u, f) and torch.equal(s, f)
+    ((y,), u, s), f, fn = one("g = F(x); t = x + 0.5*g; x <- N(t)", 'update = "g"\nsum = "t"')
+    assert torch.equal(u, f) and torch.equal(s, x0 + f * 0.5)
+    ((y,), u, s), f, fn = one("x <- (x + F(x)) + x")  # the outermost + on the path is the root
+    assert torch.equal(u, x0 + f) and torch.equal(s, (x0 + f) + x0)
+
+
+@test
+def streams_assign_simultaneously():
+    """[P] a stream name is the sublayer's input value even after an assignment: `x, y <- y, x` swaps."""
+    path = T.make_export("post-ln", B=1, name="pf_swap.st")
+    _, _, _, x0, _, weights = R.load_export(path)
+    p = placement('streams = ["x", "y"]\noutput = "x + y"\n[[sublayer]]\nrule = "x <- y + F(x); y <- x"\n')
+    st = PF.FileStack(p, weights, 2, "attn-ffn", "rms", x0.shape[1], x0.shape[0])
+    a, b = torch.randn(x0.shape), torch.randn(x0.shape)
+    (x2, y2), u, s = st.sublayer(0, (a, b))
+    assert torch.equal(y2, a) and torch.equal(x2, b + R.attention(a, weights[0], 2))
+
+
+@test
+def malformed_files_are_refused():
+    bad = {
+        "F twice": 'output = "x"\n[[sublayer]]\nrule = "x <- x + F(x) + F(x)"\n',
+        "F never": 'output = "x"\n[[sublayer]]\nrule = "x <- N(x)"\n',
+        "unknown key": 'output = "x"\ncolour = "red"\n[[sublayer]]\nrule = "x <- x + F(x)"\n',
+        "unknown stream": 'output = "x"\n[[sublayer]]\nrule = "z <- x + F(x)"\n',
+        "assigned twice": 'output = "x"\n[[sublayer]]\nrule = "x <- x + F(x); x <- x"\n',
+        "reserved name": 'output = "x"\n[constants]\nS = 2\n[[sublayer]]\nrule = "x <- x + F(x)"\n',
+        "unbalanced": 'output = "x"\n[[sublayer]]\nrule = "x <- x + F(N(x)"\n',
+        "bad qkv_norm": 'output = "x"\n[[sublayer]]\nrule = "x <- x + F(x)"\nqkv_norm = "yes"\n',
+    }
+    for why, body in bad.items():
+        try:
+            placement(body)
+        except PF.FileError:
+            continue
+        raise AssertionError(f"{why}: accepted")
+    p = placement('output = "x"\n[[sublayer]]\nwhen = "l < 2"\nrule = "x <- x + F(x)"\n')
+    try:  # sublayer 2 is selected by no entry
+        PF.FileStack(p, [{}] * 4, 2, "attn-ffn", "rms", 16, 5, branch="rotation", sublayers=4)
+    except PF.FileError:
+        return
+    raise AssertionError("a sublayer without a rule was accepted")
+
+
+@test
+def constants_at_the_last_sublayer_and_hash():
+    p = placement('output = "x"\n[constants]\nc = "sqrt(2*(b + 1))"\nk = "c * 2"\n'
+                  '[[sublayer]]\nrule = "x <- x + F(x) / c"\nskip_gain = "1/k"\n')
+    st = PF.FileStack(p, [{}] * 6, 2, "attn-ffn", "rms", 16, 5, branch="rotation", sublayers=6)
+    assert st.constants_at_last_sublayer() == {"c": math.sqrt(6.0), "k": math.sqrt(6.0) * 2}
+    assert st.skip_gain_theory() == [1 / (math.sqrt(2.0 * (l // 2 + 1)) * 2) for l in range(6)]
+    assert PF.fnv1a64(b"") == "fnv1a64:cbf29ce484222325" and PF.fnv1a64(b"a") == "fnv1a64:af63dc4c8601ec8c"
+
+
+def write_file(name, pid, body):
+    path = os.path.join(T.TMP, name)
+    with open(path, "w") as f:
+        f.write(f'id = "{pid}"\n' + HEAD + body)
+    return path
+
+
+@test
+def compare_uses_the_interpreter_for_files():
+    """compare.py with the stand-in binary: a file placement from the registry is checked through the
+    interpreter (rows 'F:'), and, when its id has hand-written formulas, against those too; a file the
+    interpreter cannot read fails as NO_REFERENCE, naming it; a wrong figure fails as MISMATCH."""
+    mine = write_file("mine.toml", "pre-ln-mine", BUILT_INS["pre-ln"])
+    wrong_keel = write_file("keel.toml", "keel", BUILT_INS["keel"].replace("alpha*x + F", "x + alpha*F"))
+    unreadable = write_file("odd.toml", "odd", BUILT_INS["pre-ln"].replace("F(N(x))", "G(N(x))"))
+    env = {"FAKE_GRADFLOW_ARCHS": "pre-ln", "FAKE_GRADFLOW_FILES": mine}
+    r = T._compare("--all", "--strict", env=env)
+    assert r.returncode == 0 and "pre-ln-mine=OK" in r.stdout and "F:state" in r.stdout, r.stdout + r.stderr
+    r = T._compare("--arch", mine, env={"FAKE_GRADFLOW_PERTURB": "stream_share"})
+    assert r.returncode == 1 and "MISMATCH" in r.stdout, r.stdout + r.stderr
+    env = {"FAKE_GRADFLOW_ARCHS": "pre-ln", "FAKE_GRADFLOW_FILES": ",".join((wrong_keel, unreadable))}
+    r = T._compare("--all", env=env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "keel=MISMATCH" in r.stdout and "odd=NO_REFERENCE" in r.stdout, r.stdout
+    assert "FAILED, not covered: odd: no reference support" in r.stdout, r.stdout
+
+
+def main():
+    passed = failed = 0
+    for t in TESTS:
+        try:
+            t()
+            passed += 1
+            print(f"ok   {t.__name__}")
+        except Exception:
+            failed += 1
+            print(f"FAIL {t.__name__}")
+            traceback.print_exc()
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
