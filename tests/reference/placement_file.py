@@ -556,7 +556,7 @@ class Evaluation:
         elif self.st.kinds[l] == "attn":
             dh = self.st.sizes["d"] / self.st.heads
             scale_ = w.value(e.score_scale) if e.score_scale is not None else 1.0 / math.sqrt(dh)
-            out = attention(x, self.st.W[l], self.st.heads, e.qkv_norm, scale_, self.st.N)
+            out = attention(x, self.st.W[l], self.st.heads, e.qkv_norm, scale_)
         else:
             hidden = w.value(e.ffn_hidden_scale) if e.ffn_hidden_scale is not None else 1.0
             out = R.ffn(x, self.st.W[l], hidden)
@@ -597,15 +597,16 @@ def scale(x, c):
     return x if c == 1.0 else x * c  # [P] a scale by exactly 1 builds no node
 
 
-def attention(x, W, heads, qkv_norm, score_scale, N):
+def attention(x, W, heads, qkv_norm, score_scale):
     """[P] F for attention with `qkv_norm` and `score_scale`: Q = x W_Q, K = x W_K, V = x W_V, per head
     softmax(causal(score_scale * Q_h K_h^T)) V_h, heads concatenated, @ W_O (docs/placements.md)."""
     Q, K, V = x @ W["W_Q"], x @ W["W_K"], x @ W["W_V"]
+    rms = R.NORMS["rms"]  # [P] q/k/v norms are RMSNorm whatever --norm is
     if qkv_norm == "full_qk":
-        Q, K = N(Q), N(K)  # [P] the configured norm over the full q and k (OLMo 2)
+        Q, K = rms(Q), rms(K)  # [P] RMSNorm over the full q and k (OLMo 2)
     Qh, Kh, Vh = R.split_heads(Q, heads), R.split_heads(K, heads), R.split_heads(V, heads)
     if qkv_norm == "per_head_qkv":
-        Qh, Kh, Vh = N(Qh), N(Kh), N(Vh)  # [P] the configured norm on each head's q, k and v (HybridNorm)
+        Qh, Kh, Vh = rms(Qh), rms(Kh), rms(Vh)  # [P] RMSNorm on each head's q, k and v (HybridNorm)
     if qkv_norm == "per_head_qk_unit":
         Qh, Kh = R.unit(Qh), R.unit(Kh)  # [P] unit-normalised q and k per head (nGPT)
     P = R.causal_softmax((Qh @ Kh.transpose(-1, -2)) * score_scale)

@@ -98,8 +98,8 @@ def built_ins_as_files_match_the_hand_written_reference():
     for arch, body in BUILT_INS.items():
         for block, norm in (("attn-ffn", "rms"), ("ffn", "layer"), ("attn", "dyt")):
             path = T.make_export(arch, B=4, block=block, norm=norm, name=f"pf_{arch}_{block}_{norm}.st")
-            # [P] qkv_norm: "the configured norm" on q, k (and v); the hand-written default is RMSNorm
-            hand = R.run_reference(path, qk_norm="follow")
+            # [P] qkv_norm: RMSNorm whatever --norm is, as the hand-written reference's default
+            hand = R.run_reference(path)
             mine = PF.run_reference(placement(body, arch), path)
             try:
                 worst = max(worst, figures_equal(hand, mine))
@@ -124,7 +124,7 @@ def shipped_files_read_and_restate_their_built_ins():
                                    name=f"shipped_{p.id}_{block}.st")
             mine = PF.run_reference(p, export)
             if built_in:
-                stack, x0, probes, *_ = R.build_from_export(export, qk_norm="follow", overrides={"arch": built_in})
+                stack, x0, probes, *_ = R.build_from_export(export, overrides={"arch": built_in})
                 try:
                     worst = max(worst, figures_equal(R.analyze(stack, x0, probes), mine))
                 except AssertionError as e:
