@@ -68,6 +68,18 @@ std::string_view to_string(BranchKind value) {
   return value == BranchKind::model ? "model" : "rotation";
 }
 
+std::string_view to_string(UpdateRule value) {
+  switch (value) {
+    case UpdateRule::sgd:
+      return "sgd";
+    case UpdateRule::adam:
+      return "adam";
+    case UpdateRule::none:
+      break;
+  }
+  return "none";
+}
+
 namespace {
 template <typename Enum, std::size_t N>
 Enum parse_enum(std::string_view option, std::string_view name, const Enum (&values)[N]) {
@@ -127,6 +139,10 @@ int ModelConfig::rotary_dims() const {
 }
 Precision parse_precision(std::string_view name) {
   return parse_enum("--precision", name, {Precision::f32, Precision::f64});
+}
+
+UpdateRule parse_update_rule(std::string_view name) {
+  return parse_enum("--update", name, {UpdateRule::none, UpdateRule::sgd, UpdateRule::adam});
 }
 
 std::optional<double> ModelConfig::number_option(std::string_view key) const {
@@ -190,6 +206,41 @@ void validate_block_ops(const ModelConfig& config) {
   if (!(config.norm_eps > 0.0 && config.norm_eps < 1.0)) {
     throw InputError(
         fmt::format("--norm-eps {} must lie in (0, 1); try --norm-eps {}", config.norm_eps, kNormEps));
+  }
+}
+
+// --update and --lr (issue 18): a learning rate is a positive finite number, and the step needs
+// weights to step.
+void validate_update(const ModelConfig& config) {
+  if (config.update == UpdateRule::none) {
+    if (!config.learning_rates.empty())
+      throw InputError("--lr is the learning rate of --update, which is not given; add --update adam");
+    return;
+  }
+  if (config.branch == BranchKind::rotation) {
+    throw InputError(
+        fmt::format("--update {} steps the branch weights, and --ideal-branch has none; drop "
+                    "--ideal-branch or --update",
+                    to_string(config.update)));
+  }
+  if (config.learning_rates.empty() || config.learning_rates.size() > kMaxLearningRates) {
+    throw InputError(fmt::format("--lr takes 1 to {} learning rates, not {}; try --lr 1e-3",
+                                 kMaxLearningRates, config.learning_rates.size()));
+  }
+  for (const double lr : config.learning_rates) {
+    if (!(lr > 0) || !std::isfinite(lr))
+      throw InputError(fmt::format("--lr {} must be a positive finite learning rate; try --lr 1e-3", lr));
+  }
+  // The step covers the weight matrices W_Q, W_K, W_V, W_O, W_1, W_2 (shared key/value heads and
+  // rotary embeddings included); issue 19's W_3 and biases are not stepped yet.
+  const char* unsupported = config.ffn != FfnKind::gelu ? "--ffn swiglu/geglu"
+                            : config.bias               ? "--bias"
+                                                        : nullptr;
+  if (unsupported) {
+    throw InputError(
+        fmt::format("--update {} steps W_Q, W_K, W_V, W_O, W_1 and W_2 only and cannot be combined "
+                    "with {} yet; drop {} or --update",
+                    to_string(config.update), unsupported, unsupported));
   }
 }
 }  // namespace
@@ -260,6 +311,7 @@ void validate(const ModelConfig& config) {
         kExactJacobianMaxEntries, config.seq, config.width,
         static_cast<long long>(config.seq) * config.width));
   }
+  validate_update(config);
   if (config.branch == BranchKind::rotation && config.width % 2 != 0) {
     throw InputError(fmt::format("--ideal-branch rotation needs an even --width, not {}; try --width {}",
                                  config.width, config.width + 1));

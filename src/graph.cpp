@@ -250,8 +250,8 @@ void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vect
                              attention_, d_out, d_a, param_grads, context.shards,
                              skipped_branch_output_ ? &branch_output_dots_ : nullptr);
         } else {
-          ffn_backward(values_[node.lhs], *context.weights, ffn_options(graph, context), ffn_, d_out, d_a, param_grads,
-                       context.shards, skipped_branch_output_ ? &branch_output_dots_ : nullptr);
+          ffn_backward(values_[node.lhs], *context.weights, ffn_options(graph, context), ffn_, d_out, d_a,
+                       param_grads, context.shards, skipped_branch_output_ ? &branch_output_dots_ : nullptr);
         }
         break;
     }
@@ -262,7 +262,8 @@ void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vect
 
 template <typename Scalar>
 void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_inputs,
-                                const BranchContext<Scalar>& context, std::vector<Mat<Scalar>>& d_outputs) {
+                                const BranchContext<Scalar>& context, std::vector<Mat<Scalar>>& d_outputs,
+                                const SublayerWeights<Scalar>* d_weights) {
   const Eigen::Index rows = d_inputs.front().rows();
   for (int i = 0; i < graph.input_count(); ++i) cotangents_[i] = d_inputs[i];  // reused as tangents
   int id = graph.input_count();
@@ -289,9 +290,10 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
           rotation_forward(d_a, d_out);
         } else if (context.kind == SublayerKind::attn) {
           attention_jvp(values_[node.lhs], *context.weights, attention_options(graph, context), attention_,
-                        d_a, d_out);
+                        d_a, d_out, d_weights);
         } else {
-          ffn_jvp(*context.weights, ffn_options(graph, context), ffn_, d_a, d_out);
+          ffn_jvp(values_[node.lhs], *context.weights, ffn_options(graph, context), ffn_, d_a, d_out,
+                  d_weights);
         }
         break;
     }
@@ -299,6 +301,19 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
   }
   d_outputs.resize(graph.outputs().size());
   for (std::size_t i = 0; i < graph.outputs().size(); ++i) d_outputs[i] = cotangents_[graph.outputs()[i]];
+}
+
+template <typename Scalar>
+void GraphExecutor<Scalar>::weight_gradients(const SublayerGraph& graph, const BranchContext<Scalar>& context,
+                                             SublayerWeights<Scalar>& gradients) const {
+  const int branch = graph.branch_id();
+  const Mat<Scalar>& input = values_[graph.nodes()[branch - graph.input_count()].lhs];
+  if (context.kind == SublayerKind::attn) {
+    attention_weight_gradients(input, attention_options(graph, context), attention_, cotangents_[branch],
+                               gradients);
+  } else {
+    ffn_weight_gradients(input, ffn_, cotangents_[branch], gradients);
+  }
 }
 
 template class GraphExecutor<float>;

@@ -154,13 +154,40 @@ BootstrapFit fit_across_depths(const std::vector<double>& x, const std::vector<s
   return fit;
 }
 
+namespace {
+using CellIndex = std::map<std::tuple<std::string, int, int, std::uint64_t>, const CellFigures*>;
+
+// --update (issue 18): the exponent p of output_update_rel ~ S^p per learning rate, fitted like the
+// growth exponent (log-log, per-depth mean of the log over seeds, seeds bootstrapped). DeepNet's
+// claim (arXiv 2203.00555, Sec. 4) is that Post-LN's model update grows with depth and DeepNorm's
+// stays bounded (p near 0).
+void fit_update_exponents(const SweepGrid& grid, const CellIndex& by_cell, const std::string& arch, int width,
+                          const std::vector<double>& log_sublayers, SweepFit& fit) {
+  const CellFigures& first = *by_cell.at({arch, grid.depths.front(), width, 0});
+  fit.learning_rates = first.learning_rates;
+  for (std::size_t i = 0; i < first.learning_rates.size(); ++i) {
+    std::vector<std::vector<double>> logs;
+    for (const int depth : grid.depths) {
+      std::vector<double> seeds;
+      for (int seed = 0; seed < grid.seeds; ++seed) {
+        const CellFigures& c = *by_cell.at({arch, depth, width, static_cast<std::uint64_t>(seed)});
+        const double value = i < c.output_update_rel.size() ? c.output_update_rel[i] : kNaN;
+        seeds.push_back(value > 0 ? std::log(value) : kNaN);
+      }
+      logs.push_back(std::move(seeds));
+    }
+    fit.update_exponents.push_back(fit_across_depths(log_sublayers, logs));
+  }
+}
+}  // namespace
+
 std::vector<SweepFit> fit_sweep(const SweepGrid& grid, const std::vector<CellFigures>& cells) {
-  std::map<std::tuple<std::string, int, int, std::uint64_t>, const CellFigures*> by_cell;
+  CellIndex by_cell;
   for (const auto& c : cells) by_cell[{c.cell.arch, c.cell.depth, c.cell.width, c.cell.seed}] = &c;
   std::vector<SweepFit> fits;
   for (const auto& arch : grid.archs) {
     for (const int width : grid.widths) {
-      SweepFit fit{arch, width, {}, {}, {}, {}, {}, {}, {}};
+      SweepFit fit{arch, width, {}, {}, {}, {}, {}, {}, {}, {}, {}};
       std::vector<double> log_sublayers, sublayers;
       std::vector<std::vector<double>> log_rms, grad_ratio;
       for (const int depth : grid.depths) {
@@ -192,6 +219,7 @@ std::vector<SweepFit> fit_sweep(const SweepGrid& grid, const std::vector<CellFig
         log_rms.push_back(std::move(log_rms_seeds));
         grad_ratio.push_back(std::move(ratio_seeds));
       }
+      fit_update_exponents(grid, by_cell, arch, width, log_sublayers, fit);
       fit.growth_exponent = fit_across_depths(log_sublayers, log_rms);
       fit.grad_ratio_slope = fit_across_depths(sublayers, grad_ratio);
       fit.growth_class = std::string(growth_class(fit.growth_exponent.slope));

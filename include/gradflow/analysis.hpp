@@ -35,6 +35,22 @@ struct Divergence {
   std::string reason;
 };
 
+// The matrix kinds of a sublayer, in SublayerWeights' order; --update's step size is per kind.
+inline constexpr const char* kMatrixKinds[] = {"w_q", "w_k", "w_v", "w_o", "w_1", "w_2"};
+inline constexpr int kMatrixKindCount = 6;
+
+// One optimizer step at one learning rate (--update; metrics.md, "The model update").
+struct UpdateStep {
+  static constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
+  double learning_rate = kNone;
+  double output_update_rel = kNone;       // norm(y(theta + Delta) - y(theta)) / norm(y(theta))
+  double delta_loss = kNone;              // L(theta + Delta) - L(theta), measured
+  double delta_loss_first_order = kNone;  // sum_l update_loss_l
+  // Per matrix kind (kMatrixKinds): norm(Delta W) / norm(W) over the stack's matrices of that kind.
+  double step_rel[kMatrixKindCount] = {kNone, kNone, kNone, kNone, kNone, kNone};
+  int diverged_state = -1;  // the first stepped state with a non-finite entry; -1: none
+};
+
 struct SeedResult {
   std::uint64_t seed = 0;
   // index 0..S: rms, log10_grad, log10_grad_rel, log10_grad_se, token_cos, erank (+ --spectrum and
@@ -57,6 +73,7 @@ struct SeedResult {
   // --angles all: (S+1) x (S+1) mean-over-tokens angular distance / pi between states; else empty.
   std::vector<std::vector<double>> angles_matrix;
   std::optional<Divergence> diverged;
+  std::vector<UpdateStep> updates;  // --update: one per learning rate, in --lr order
   double seconds = 0.0;                 // wall time of this seed, and of its phases:
   double forward_seconds = 0.0;         // the forward loop over sublayers (weights drawn, states stored)
   double representation_seconds = 0.0;  // token_cos, erank and angle from the stored states

@@ -22,6 +22,9 @@ enum class FfnKind { gelu, swiglu, geglu };
 // `rotation` replaces every branch F by a fixed 90-degree rotation within coordinate pairs: the
 // idealised branch of the closed forms (as large as its input and orthogonal to it).
 enum class BranchKind { model, rotation };
+// --update: one optimizer step on probe 0's loss, then the forward pass again (metrics.md, "The
+// model update"); none leaves every figure as it is without it.
+enum class UpdateRule { none, sgd, adam };
 
 std::string_view to_string(Precision value);
 std::string_view to_string(NormKind value);
@@ -30,6 +33,7 @@ std::string_view to_string(BlockKind value);
 std::string_view to_string(SublayerKind value);
 std::string_view to_string(FfnKind value);
 std::string_view to_string(BranchKind value);
+std::string_view to_string(UpdateRule value);
 // The inverses of to_string; each throws InputError listing the valid names.
 BlockKind parse_block_kind(std::string_view name);
 NormKind parse_norm_kind(std::string_view name);
@@ -41,6 +45,7 @@ void set_init(ModelConfig& config, std::string_view text);
 // The --init text that reproduces config's init ("xavier", "normal:0.02").
 std::string init_text(const ModelConfig& config);
 Precision parse_precision(std::string_view name);
+UpdateRule parse_update_rule(std::string_view name);
 
 // Every norm's default epsilon (RMSNorm and LayerNorm, as in LLaMA's RMSNorm); --norm-eps sets it.
 inline constexpr double kNormEps = 1e-6;
@@ -85,6 +90,10 @@ struct ModelConfig {
   bool angles_all = false;      // --angles all: the (S+1)x(S+1) angular-distance matrix over states
   int spectrum = 0;             // --spectrum k: top-k singular values of J_{l->out} per state
   bool exact_jacobian = false;  // --exact-jacobian: the full J_{l->out} per state (tiny configs only)
+  // --update, --lr: one optimizer step per learning rate on probe 0's loss (issue 18)
+  UpdateRule update = UpdateRule::none;
+  std::vector<double> learning_rates;
+  int update_count() const { return update == UpdateRule::none ? 0 : static_cast<int>(learning_rates.size()); }
 
   int sublayers_per_block() const { return block == BlockKind::attn_ffn ? 2 : 1; }
   int sublayers() const { return blocks * sublayers_per_block(); }
@@ -118,6 +127,8 @@ void validate(const ModelConfig& config);
 inline constexpr int kAnglesMaxSublayers = 4096;             // --angles all is O(S^2 T d)
 inline constexpr long long kExactJacobianMaxEntries = 4096;  // --exact-jacobian: T * d * streams
 inline constexpr int kSpectrumMaxColumns = 64;               // --spectrum k
+inline constexpr double kDefaultLearningRate = 1e-3;        // --update without --lr
+inline constexpr std::size_t kMaxLearningRates = 16;         // --lr: one stepped forward pass each
 
 // Bytes an analysis of this configuration needs at peak (residual states plus one sublayer's
 // working set), used to refuse up front what would not fit.

@@ -24,6 +24,8 @@ enum class Figure {
   log10_jacobian_fro_exact,
   log10_jacobian_spectral_exact,
   log10_singular_value_exact,  // numbered 1..--spectrum, with --exact-jacobian
+  update_rms,                  // numbered 1..(number of --lr), with --update
+  log10_update_rel,            // numbered like update_rms
   gain,
   skip_gain,
   branch_gain,
@@ -36,6 +38,8 @@ enum class Figure {
   angle,
   block_influence,
   log10_param_grad,
+  update_loss,        // numbered like update_rms
+  update_loss_share,  // numbered like update_rms
 };
 
 enum class FigureAxis { state, sublayer };

@@ -142,8 +142,14 @@ class GraphExecutor {
 
   // Jacobian-vector product after forward: tangents of the inputs (one (P*T, d) block per input
   // stream, P tangents stacked) to tangents of the outputs.
+  // d_weights, when given, is a tangent of the branch's weights as well (one tangent, P = 1).
   void jvp(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_inputs,
-           const BranchContext<Scalar>& context, std::vector<Mat<Scalar>>& d_outputs);
+           const BranchContext<Scalar>& context, std::vector<Mat<Scalar>>& d_outputs,
+           const SublayerWeights<Scalar>* d_weights = nullptr);
+  // After a forward and a backward through the branch of one probe's cotangent (T rows): dL/dW
+  // of the branch's matrices in full (--update). A model branch only.
+  void weight_gradients(const SublayerGraph& graph, const BranchContext<Scalar>& context,
+                        SublayerWeights<Scalar>& gradients) const;
 
   const Mat<Scalar>& value(int id) const { return values_[id]; }
   // After backward: dL/d(value id), one (K*T, d) block per probe.

@@ -187,9 +187,17 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
 
 // Jacobian-vector product (forward mode) after attention_forward: d_out = J d_x for P tangents
 // stacked as P blocks of T rows, (P*T, d). Used by --spectrum, which needs J as well as J^T.
+// d_w, when given, adds the weights' tangent (P = 1): each product Y = X W gains X dW.
 template <typename Scalar>
 void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
-                   AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out);
+                   AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
+                   const SublayerWeights<Scalar>* d_w = nullptr);
+// After attention_backward of one probe's d_out (T rows): dL/dW = X^T dY for each product
+// Y = X W (W_Q, W_K, W_V from x, W_O from the context), formed in full (--update).
+template <typename Scalar>
+void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& options,
+                                const AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out,
+                                SublayerWeights<Scalar>& gradients);
 
 // ---------------------------------------------------------------------------------------------
 // Feed-forward: out = gelu(s x W_1) W_2 (Vaswani et al. 2017, Eq. 2), or gated (Shazeer 2020,
@@ -226,10 +234,15 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
                   ParamGradSquares* param_grads = nullptr, ShardPair* shards = nullptr,
                   std::vector<double>* output_dots = nullptr);
 
-// Forward mode after ffn_forward: d_out = J d_x, tangents (P*T, d).
+// Forward mode after ffn_forward: d_out = J d_x, tangents (P*T, d); d_w as for attention_jvp.
 template <typename Scalar>
-void ffn_jvp(const SublayerWeights<Scalar>& w, const FfnOptions& options, FfnCache<Scalar>& cache,
-             const Mat<Scalar>& d_x, Mat<Scalar>& d_out);
+void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
+             FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
+             const SublayerWeights<Scalar>* d_w = nullptr);
+// After ffn_backward of one probe's d_out: dL/dW_2 = H^T dY, dL/dW_1 = x^T dL/d(x W_1).
+template <typename Scalar>
+void ffn_weight_gradients(const Mat<Scalar>& x, const FfnCache<Scalar>& cache, const Mat<Scalar>& d_out,
+                          SublayerWeights<Scalar>& gradients);
 
 // ---------------------------------------------------------------------------------------------
 // The idealised branch: a fixed 90-degree rotation within coordinate pairs (2i, 2i+1), so that

@@ -41,6 +41,8 @@ struct ConfigField {
   nlohmann::ordered_json (*value)(const ModelConfig&);
   bool in_sweep_model;  // shared by every cell of a sweep, so in its "model" (depth and width vary per cell)
   bool compared;        // runs that differ in it measure different things: `check` refuses to compare them
+  // Whether documents record it for this configuration (null: always); --update's fields only with it.
+  bool (*present)(const ModelConfig&) = nullptr;
 };
 const std::vector<ConfigField>& config_fields();
 // Every field of config_fields() for one run, in order.

@@ -45,6 +45,8 @@ struct CellFigures {
   int sublayers = 0;       // S
   double rms_final = 0.0;  // rms(x_S)
   double log10_grad_ratio = 0.0;
+  // --update: output_update_rel per learning rate (summary.update), and those learning rates
+  std::vector<double> learning_rates, output_update_rel;
 };
 
 // A slope with its percentile bootstrap interval over seeds.
@@ -75,6 +77,10 @@ struct SweepFit {
   std::vector<double> mean_rms_final, mean_log10_grad_ratio;  // per depth; geometric mean for rms
   BootstrapFit growth_exponent, grad_ratio_slope;
   std::string growth_class;
+  // --update: per learning rate, the exponent of output_update_rel against S (log-log, per-depth
+  // mean of its log over seeds), as growth_exponent
+  std::vector<double> learning_rates;
+  std::vector<BootstrapFit> update_exponents;
 };
 // One fit per (arch, width) of the grid, in grid order. `cells` must hold every cell of the grid.
 std::vector<SweepFit> fit_sweep(const SweepGrid& grid, const std::vector<CellFigures>& cells);

@@ -66,6 +66,14 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
   sub->add_flag("--ideal-branch", options.ideal_branch,
                 "Replace every branch F by a 90-degree rotation within coordinate pairs (the closed forms' "
                 "idealised branch)");
+  sub->add_option("--update", options.update,
+                  "One optimizer step on probe 0's loss, then the forward pass again: sgd or adam (its "
+                  "first, bias-corrected step); adds the model-update figures")
+      ->check(CLI::IsMember({"none", "sgd", "adam"}))
+      ->default_str("none");
+  sub->add_option("--lr", m.learning_rates, "Learning rates of --update, comma-separated (e.g. 1e-4,1e-3)")
+      ->delimiter(',')
+      ->default_str("1e-3 with --update");
 }
 
 ModelConfig resolve_model(const ModelOptions& options) {
@@ -82,6 +90,8 @@ ModelConfig resolve_model(const ModelOptions& options) {
   set_init(model, options.init);
   model.ffn = parse_ffn_kind(options.ffn);
   model.precision = parse_precision(options.precision);
+  model.update = parse_update_rule(options.update);
+  if (model.update != UpdateRule::none && model.learning_rates.empty()) model.learning_rates = {kDefaultLearningRate};
   validate(model);
   return model;
 }

@@ -305,13 +305,19 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
 // rotations (linear: their JVP is themselves), then each head's softmax attention.
 template <typename Scalar>
 void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
-                   AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out) {
+                   AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
+                   const SublayerWeights<Scalar>* d_w) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
   const Eigen::Index probes = d_x.rows() / tokens;
   const int kv_heads = options.kv_head_count();
   const Scalar scale = static_cast<Scalar>(options.score_scale);
   // Every norm Jacobian here is symmetric (rms, layer, dyt, unit rows), so its backward is its JVP.
   Mat<Scalar> d_q_raw = d_x * w.w_q, d_k_raw = d_x * w.w_k, d_v_raw = d_x * w.w_v;  // (P*T, .)
+  if (d_w) {  // product rule: d(x W) = dx W + x dW
+    d_q_raw.noalias() += x * d_w->w_q;
+    d_k_raw.noalias() += x * d_w->w_k;
+    d_v_raw.noalias() += x * d_w->w_v;
+  }
   Mat<Scalar> d_q =
       projection_backward(options, false, options.heads, unrotated(options, cache.q, cache.q_unrotated),
                           cache.q_inv, d_q_raw, cache.d_raw);
@@ -344,6 +350,27 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
     }
   }
   d_out.noalias() = cache.d_context * w.w_o;  // (P*T, d)
+  if (d_w) d_out.noalias() += cache.context * d_w->w_o;
+}
+
+template <typename Scalar>
+void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& options,
+                                const AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out,
+                                SublayerWeights<Scalar>& gradients) {
+  // projections_backward's cotangents: d_q with rotations undone in place; d_k and d_v summed over
+  // each key/value group (d_k unrotated); then before a q/k/v norm where there is one.
+  const bool qk_normalised = options.qkv_norm != QkvNorm::none;
+  const bool v_normalised = options.qkv_norm == QkvNorm::per_head_qkv;
+  const bool grouped = options.kv_head_count() != options.heads;
+  const Mat<Scalar>& d_k = grouped ? cache.d_k_shared : cache.d_k;
+  const Mat<Scalar>& d_v = grouped ? cache.d_v_shared : cache.d_v;
+  const Eigen::Index width = x.cols(), kv_width = width / options.heads * options.kv_head_count();
+  for (Mat<Scalar>* m : {&gradients.w_q, &gradients.w_o}) m->resize(width, width);
+  for (Mat<Scalar>* m : {&gradients.w_k, &gradients.w_v}) m->resize(width, kv_width);
+  multiply_first_transposed(x, qk_normalised ? cache.d_q_raw : cache.d_q, gradients.w_q);  // (d, d) = x^T dQ
+  multiply_first_transposed(x, qk_normalised ? cache.d_k_raw : d_k, gradients.w_k);
+  multiply_first_transposed(x, v_normalised ? cache.d_v_raw : d_v, gradients.w_v);
+  multiply_first_transposed(cache.context, d_out, gradients.w_o);
 }
 
 #define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                              \
@@ -355,7 +382,10 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
       const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*, std::vector<double>*);               \
   template void attention_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                   \
                                       const AttentionOptions&, AttentionCache<Scalar>&, const Mat<Scalar>&, \
-                                      Mat<Scalar>&);
+                                      Mat<Scalar>&, const SublayerWeights<Scalar>*);                        \
+  template void attention_weight_gradients<Scalar>(const Mat<Scalar>&, const AttentionOptions&,             \
+                                                   const AttentionCache<Scalar>&, const Mat<Scalar>&,       \
+                                                   SublayerWeights<Scalar>&);
 GRADFLOW_INSTANTIATE_ATTENTION(float)
 GRADFLOW_INSTANTIATE_ATTENTION(double)
 

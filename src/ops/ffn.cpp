@@ -284,9 +284,11 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
 }
 
 template <typename Scalar>
-void ffn_jvp(const SublayerWeights<Scalar>& w, const FfnOptions& options, FfnCache<Scalar>& cache,
-             const Mat<Scalar>& d_x, Mat<Scalar>& d_out) {
-  cache.d_hidden.noalias() = d_x * w.w_1;  // (P*T, hidden)
+void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
+             FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
+             const SublayerWeights<Scalar>* d_w) {
+  cache.d_hidden.noalias() = d_x * w.w_1;             // (P*T, hidden)
+  if (d_w) cache.d_hidden.noalias() += x * d_w->w_1;  // product rule: d(x W) = dx W + x dW
   if (options.hidden_scale != 1.0) cache.d_hidden *= static_cast<Scalar>(options.hidden_scale);
   if (options.kind == FfnKind::gelu) {
     cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
@@ -295,6 +297,7 @@ void ffn_jvp(const SublayerWeights<Scalar>& w, const FfnOptions& options, FfnCac
     cache.gate_slope.resize(cache.hidden_pre.rows(), cache.hidden_pre.cols());
     gate_slope_rows<Scalar>(options.kind, cache.hidden_pre, cache.gate_pre, cache.gate_slope);
     cache.d_gate_pre.noalias() = d_x * w.w_3;
+    if (d_w) cache.d_gate_pre.noalias() += x * d_w->w_3;
     if (options.hidden_scale != 1.0) cache.d_gate_pre *= static_cast<Scalar>(options.hidden_scale);
     cache.d_hidden_pre.resize(cache.d_hidden.rows(), cache.d_hidden.cols());
     multiply_probe_rows(cache.gate_slope, cache.d_hidden, cache.d_hidden_pre);
@@ -302,6 +305,16 @@ void ffn_jvp(const SublayerWeights<Scalar>& w, const FfnOptions& options, FfnCac
     cache.d_hidden_pre += cache.d_gate_pre;
   }
   d_out.noalias() = cache.d_hidden_pre * w.w_2;  // (P*T, d)
+  if (d_w) d_out.noalias() += cache.hidden * d_w->w_2;
+}
+
+template <typename Scalar>
+void ffn_weight_gradients(const Mat<Scalar>& x, const FfnCache<Scalar>& cache, const Mat<Scalar>& d_out,
+                          SublayerWeights<Scalar>& gradients) {
+  gradients.w_1.resize(x.cols(), cache.d_hidden_pre.cols());
+  gradients.w_2.resize(cache.hidden.cols(), d_out.cols());
+  multiply_first_transposed(x, cache.d_hidden_pre, gradients.w_1);  // d_hidden_pre: dL/d(x W_1), s applied
+  multiply_first_transposed(cache.hidden, d_out, gradients.w_2);
 }
 
 template <typename Scalar>
@@ -333,8 +346,11 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
   template double symmetric_inner<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&);                           \
   template void shared_input_grams<Scalar>(int, const Mat<Scalar>&, const Mat<Scalar>&,                      \
                                            std::vector<Mat<Scalar>>&);                                       \
-  template void ffn_jvp<Scalar>(const SublayerWeights<Scalar>&, const FfnOptions&, FfnCache<Scalar>&,        \
-                                const Mat<Scalar>&, Mat<Scalar>&);                                           \
+  template void ffn_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,       \
+                                FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&,                         \
+                                const SublayerWeights<Scalar>*);                                             \
+  template void ffn_weight_gradients<Scalar>(const Mat<Scalar>&, const FfnCache<Scalar>&,                    \
+                                             const Mat<Scalar>&, SublayerWeights<Scalar>&);                  \
   template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                  \
   template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_FFN(float)

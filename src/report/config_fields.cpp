@@ -9,9 +9,17 @@ namespace gradflow {
 
 using json = nlohmann::ordered_json;
 
+namespace {
+bool updating(const ModelConfig& config) {
+  return config.update != UpdateRule::none;
+}
+}  // namespace
+
 const std::vector<ConfigField>& config_fields() {
   // In document order. Depth and width (and what derives from them) vary per sweep cell; the
-  // optional analyses are analyze's only; the derived sizes and norm_eps are not compared.
+  // optional analyses are analyze's only; the derived sizes and norm_eps are not compared. The
+  // optimizer step (--update, --lr) is part of a sweep's model, so that a sweep directory resumed
+  // with another step or learning rate is refused instead of reusing its cells.
   static const std::vector<ConfigField> fields = {
       {"blocks", "--depth", [](const ModelConfig& c) { return json(c.blocks); }, false, true},
       {"sublayers", "--depth/--block", [](const ModelConfig& c) { return json(c.sublayers()); }, false, true},
@@ -42,6 +50,10 @@ const std::vector<ConfigField>& config_fields() {
       {"spectrum", "--spectrum", [](const ModelConfig& c) { return json(c.spectrum); }, false, false},
       {"exact_jacobian", "--exact-jacobian", [](const ModelConfig& c) { return json(c.exact_jacobian); },
        false, false},
+      {"update_step", "--update", [](const ModelConfig& c) { return json(to_string(c.update)); }, true, true,
+       updating},
+      {"learning_rates", "--lr", [](const ModelConfig& c) { return json(c.learning_rates); }, true, true,
+       updating},
   };
   return fields;
 }
@@ -72,7 +84,9 @@ void add_norm_constants(json& out, const ModelConfig& config) {
 
 json run_config_fields(const ModelConfig& config) {
   json out = json::object();
-  for (const ConfigField& field : config_fields()) out[std::string(field.key)] = field.value(config);
+  for (const ConfigField& field : config_fields()) {
+    if (!field.present || field.present(config)) out[std::string(field.key)] = field.value(config);
+  }
   return out;
 }
 
@@ -86,7 +100,8 @@ void add_run_config_options(json& out, const Architecture& arch, const ModelConf
 json sweep_model_to_json(const ModelConfig& config) {
   json model = json::object();
   for (const ConfigField& field : config_fields()) {
-    if (field.in_sweep_model) model[std::string(field.key)] = field.value(config);
+    if (field.in_sweep_model && (!field.present || field.present(config)))
+      model[std::string(field.key)] = field.value(config);
   }
   for (const PlacementOption* option : placement_options()) {
     if (option->in_sweep_model) model[std::string(option->key)] = option_value(*option, config);

@@ -37,6 +37,9 @@ void write_csv(const AnalysisReport& report, std::ostream& out) {
   for (const auto& name : first.states.names) out << ',' << name;
   for (const auto& name : first.sublayers.names) out << ',' << name;
   for (const auto& stream : streams) out << ",rms_" << stream << ",log10_grad_" << stream;
+  // --update: the run's figures per learning rate, repeated on every row like the configuration
+  for (std::size_t i = 1; i <= first.updates.size(); ++i)
+    out << ",output_update_rel_" << i << ",delta_loss_" << i << ",delta_loss_first_order_" << i;
   out << "\r\n";
   for (const ArchResult& result : report.results) {
     const int sublayers = result.config.sublayers();
@@ -58,6 +61,11 @@ void write_csv(const AnalysisReport& report, std::ostream& out) {
           }
           out << ',' << (match ? cell(match->states.values[0][l]) : "") << ','
               << (match ? cell(match->states.values[1][l]) : "");
+        }
+        for (std::size_t i = 0; i < first.updates.size(); ++i) {
+          const UpdateStep step = i < seed.updates.size() ? seed.updates[i] : UpdateStep{};
+          out << ',' << cell(step.output_update_rel) << ',' << cell(step.delta_loss) << ','
+              << cell(step.delta_loss_first_order);
         }
         out << "\r\n";
       }

@@ -41,6 +41,24 @@ json growth_to_json(const GrowthFit& fit) {
           {"fitted_states", {fit.first_state, fit.first_state + fit.points - 1}}};
 }
 
+// --update: one object per learning rate (metrics.md, "The model update").
+json updates_to_json(const std::vector<UpdateStep>& updates) {
+  json out = json::array();
+  for (const UpdateStep& step : updates) {
+    json step_rel = json::object();
+    for (int m = 0; m < kMatrixKindCount; ++m) {
+      if (!std::isnan(step.step_rel[m])) step_rel[kMatrixKinds[m]] = json_number(step.step_rel[m]);
+    }
+    out.push_back({{"learning_rate", step.learning_rate},
+                   {"output_update_rel", json_number(step.output_update_rel)},
+                   {"delta_loss", json_number(step.delta_loss)},
+                   {"delta_loss_first_order", json_number(step.delta_loss_first_order)},
+                   {"step_rel", step_rel},
+                   {"diverged_state", step.diverged_state < 0 ? json(nullptr) : json(step.diverged_state)}});
+  }
+  return out;
+}
+
 json seed_to_json(const SeedResult& seed, bool timing) {
   json states = {{"index", index_range(static_cast<int>(seed.states.values.front().size()))}};
   states.update(columns_to_json(seed.states));
@@ -74,6 +92,7 @@ json seed_to_json(const SeedResult& seed, bool timing) {
                            {"phase", seed.diverged->phase},
                            {"reason", seed.diverged->reason}};
   }
+  if (!seed.updates.empty()) summary["update"] = updates_to_json(seed.updates);
   json out = {{"seed", seed.seed}, {"states", states}, {"sublayers", sublayers}, {"summary", summary}};
   if (!seed.angles_matrix.empty()) {
     json matrix = json::array();

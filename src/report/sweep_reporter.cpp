@@ -89,7 +89,10 @@ SweepGrid grid_from_manifest(const json& manifest, const std::string& origin) {
     if (!model.is_object())
       throw InputError(fmt::format("{}: \"model\" is {}, not an object", origin, model.type_name()));
     for (const ConfigField& field : config_fields()) {
-      if (field.in_sweep_model && field.compared && recorded_config_value(model, field.key).is_null())
+      // Fields recorded only when used (field.present: --update's) may be absent; so may issue 19's
+      // in an older manifest (recorded_config_value gives their defaults).
+      if (field.in_sweep_model && field.compared && !field.present &&
+          recorded_config_value(model, field.key).is_null())
         throw InputError(
             fmt::format("{}: not a gradflow sweep manifest (model lacks {:?})", origin, field.key));
     }
@@ -129,6 +132,12 @@ CellFigures cell_figures(const json& cell, const std::string& origin) {
     }
     figures.rms_final = to_double(rms.at(rms.size() - 1));
     figures.log10_grad_ratio = to_double(seed.at("summary").at("log10_grad_ratio"));
+    if (const auto update = seed.at("summary").find("update"); update != seed.at("summary").end()) {
+      for (const json& step : *update) {
+        figures.learning_rates.push_back(to_double(step.at("learning_rate")));
+        figures.output_update_rel.push_back(to_double(step.at("output_update_rel")));
+      }
+    }
     for (const char* key : {"gain_min", "gain_max"}) {
       if (!seed.at("summary").at(key).is_object())
         throw InputError(fmt::format("{}: summary.{} is not an object", origin, key));
@@ -159,6 +168,8 @@ json sweep_document(const json& manifest, const std::vector<json>& cells) {
                     {"gain_min", summary["gain_min"]},
                     {"gain_max", summary["gain_max"]},
                     {"diverged", summary["diverged"]}});
+    // --update: output_update_rel per learning rate (the model's learning_rates order).
+    if (!f.output_update_rel.empty()) rows.back()["output_update_rel"] = json_numbers(f.output_update_rel);
     figures.push_back(f);
   }
   json fits = json::array();
@@ -174,6 +185,15 @@ json sweep_document(const json& manifest, const std::vector<json>& cells) {
                     {"growth_exponent", bootstrap_to_json(fit.growth_exponent)},
                     {"growth_class", fit.growth_class},
                     {"log10_grad_ratio_slope", ratio_slope}});
+    if (!fit.update_exponents.empty()) {
+      json exponents = json::array();
+      for (std::size_t i = 0; i < fit.update_exponents.size(); ++i) {
+        json one = bootstrap_to_json(fit.update_exponents[i]);
+        one["learning_rate"] = fit.learning_rates[i];
+        exponents.push_back(one);
+      }
+      fits.back()["output_update_rel_exponent"] = exponents;
+    }
   }
   json doc = manifest;
   doc["cells"] = rows;

@@ -184,6 +184,38 @@ std::string legend(const AnalysisReport& report) {
       spread_note);
 }
 
+// --update: one line per placement and learning rate with the step's figures (mean over seeds):
+// how far one optimizer step moves the output, and the loss change beside its first-order
+// prediction (metrics.md, "The model update"). Empty without --update.
+std::string update_lines(const AnalysisReport& report) {
+  const ModelConfig& config = report.results.front().config;
+  if (config.update == UpdateRule::none) return {};
+  std::size_t arch_width = 0;
+  for (const ArchResult& result : report.results) arch_width = std::max(arch_width, result.arch->id.size());
+  std::string text =
+      fmt::format("one {} step on the probe loss (mean over seeds):\n", to_string(config.update));
+  for (const ArchResult& result : report.results) {
+    for (std::size_t i = 0; i < config.learning_rates.size(); ++i) {
+      std::vector<double> moved, measured, predicted;
+      int diverged = 0;
+      for (const SeedResult& seed : result.seeds) {
+        const UpdateStep& step = seed.updates.at(i);
+        moved.push_back(step.output_update_rel);
+        measured.push_back(step.delta_loss);
+        predicted.push_back(step.delta_loss_first_order);
+        diverged += step.diverged_state >= 0;
+      }
+      text +=
+          fmt::format("  {:<{}}  lr {:<7}  |dy|/|y| {:<9}  dL {} (first order {}){}\n", result.arch->id,
+                      arch_width, compact(config.learning_rates[i], 3), compact(spread(moved).mean, 3),
+                      compact(spread(measured).mean, 3), compact(spread(predicted).mean, 3),
+                      diverged > 0 ? fmt::format("  diverged in {}/{} seeds", diverged, result.seeds.size())
+                                   : std::string());
+    }
+  }
+  return text;
+}
+
 }  // namespace
 
 void write_table(const AnalysisReport& report, std::ostream& out, bool colour) {
@@ -216,7 +248,7 @@ void write_table(const AnalysisReport& report, std::ostream& out, bool colour) {
   out << configuration_line(report) << '\n';
   emit(header);
   for (const auto& row : rows) emit(row);
-  out << legend(report);
+  out << legend(report) << update_lines(report);
 }
 
 void write_markdown(const AnalysisReport& report, std::ostream& out) {
@@ -233,6 +265,7 @@ void write_markdown(const AnalysisReport& report, std::ostream& out) {
     out << '\n';
   }
   out << '\n' << legend(report);
+  if (const std::string lines = update_lines(report); !lines.empty()) out << "\n```\n" << lines << "```\n";
 }
 
 }  // namespace gradflow

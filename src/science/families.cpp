@@ -19,6 +19,8 @@ template <typename Scalar>
 void compute_output_shares(SeedAnalysis<Scalar>&);
 template <typename Scalar>
 void compute_summary(SeedAnalysis<Scalar>&);
+template <typename Scalar>
+void compute_update(SeedAnalysis<Scalar>&);
 
 namespace {
 template <typename Scalar>
@@ -41,6 +43,10 @@ template <typename Scalar>
 bool spectrum(const SeedAnalysis<Scalar>& a) {
   return a.complete() && a.run.config().spectrum > 0;
 }
+template <typename Scalar>
+bool update(const SeedAnalysis<Scalar>& a) {
+  return a.complete() && a.run.config().update != UpdateRule::none;
+}
 }  // namespace
 
 template <typename Scalar>
@@ -55,6 +61,8 @@ std::span<const FigureFamily<Scalar>> figure_families() {
       {"spectrum", spectrum<Scalar>, compute_spectrum<Scalar>},
       // output_share, output_share_se, effective_depth
       {"output shares", always<Scalar>, compute_output_shares<Scalar>},
+      // update_rms, log10_update_rel, update_loss (+ share), the run's UpdateSteps (--update)
+      {"update", update<Scalar>, compute_update<Scalar>},
       {"summary", always<Scalar>, compute_summary<Scalar>},
   };
   return families;

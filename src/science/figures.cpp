@@ -22,6 +22,9 @@ int exact_jacobian(const ModelConfig& config) {
 int exact_spectrum(const ModelConfig& config) {
   return config.exact_jacobian ? config.spectrum : 0;
 }
+int learning_rates(const ModelConfig& config) {
+  return config.update_count();
+}
 
 constexpr auto kState = FigureAxis::state;
 constexpr auto kSublayer = FigureAxis::sublayer;
@@ -44,6 +47,10 @@ const std::vector<FigureInfo>& figure_table() {
        "log10 of the exact spectral norm of J_{l->out} (--exact-jacobian)"},
       {Figure::log10_singular_value_exact, "log10_singular_value_{}_exact", kState, exact_spectrum,
        "log10 of the i-th singular value of the exact J_{l->out}"},
+      {Figure::update_rms, "update_rms_{}", kState, learning_rates,
+       "rms(x_l(theta + Delta theta) - x_l(theta)) after one step at the i-th --lr (--update)"},
+      {Figure::log10_update_rel, "log10_update_rel_{}", kState, learning_rates,
+       "log10(norm(Delta x_l) / norm(x_l)) after one step at the i-th --lr (--update)"},
       {Figure::gain, "gain", kSublayer, always, "norm(g_l) / norm(g_{l+1}), probe-RMS"},
       {Figure::skip_gain, "skip_gain", kSublayer, always, "the part of gain through the skip path only"},
       {Figure::branch_gain, "branch_gain", kSublayer, always, "the part of gain through the branch F"},
@@ -62,6 +69,10 @@ const std::vector<FigureInfo>& figure_table() {
        "1 - mean cosine between x_l and x_{l+1} per token (ShortGPT)"},
       {Figure::log10_param_grad, "log10_param_grad", kSublayer, always,
        "log10 of the probe-RMS of norm(dL/dW) over the sublayer's matrices"},
+      {Figure::update_loss, "update_loss_{}", kSublayer, learning_rates,
+       "<dL/dtheta_l, Delta theta_l>: the first-order change of L from the sublayer's step at the i-th --lr"},
+      {Figure::update_loss_share, "update_loss_share_{}", kSublayer, learning_rates,
+       "update_loss_i[l] / sum over sublayers of update_loss_i"},
   };
   return table;
 }

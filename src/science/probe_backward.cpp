@@ -37,6 +37,20 @@ bool renormalise(State<Scalar>& cotangent, int probes, int tokens, std::vector<d
   return true;
 }
 
+// --update: keeps probe 0's rows of the renormalised dL/dx_l and their log scale (update.cpp).
+template <typename Scalar>
+void keep_probe0_cotangent(SeedAnalysis<Scalar>& analysis, int l) {
+  const ModelConfig& config = analysis.run.config();
+  if (config.update == UpdateRule::none) return;
+  ProbeGradients<Scalar>& probes = analysis.probes;
+  probes.probe0_cotangent.resize(analysis.run.sublayers() + 1);
+  probes.probe0_log_scale.resize(analysis.run.sublayers() + 1, 0.0);
+  State<Scalar>& kept = probes.probe0_cotangent[l];
+  kept.resize(probes.gradient.size());
+  for (std::size_t s = 0; s < kept.size(); ++s) kept[s] = probes.gradient[s].topRows(config.seq);
+  probes.probe0_log_scale[l] = probes.log_scale[0];
+}
+
 // Records log10_grad at state l from the accumulated per-probe logs and per-stream shares.
 void record_state_gradient(SeedResult& result, int l, std::size_t streams,
                            const std::vector<double>& log_scale, const std::vector<double>& stream_norms) {
@@ -110,6 +124,7 @@ bool start_from_output(SeedAnalysis<Scalar>& analysis, std::vector<double>& stre
     return false;
   }
   record_state_gradient(analysis.result, top, run.state(top).size(), probes.log_scale, stream_norms);
+  keep_probe0_cotangent(analysis, top);
   return true;
 }
 
@@ -149,6 +164,7 @@ void back_through_sublayers(SeedAnalysis<Scalar>& analysis) {
     for (int k = 0; k < config.probes; ++k) probes.log_scale[k] += log_norms[k];
     std::swap(probes.gradient, previous);
     record_state_gradient(result, l, run.state(l).size(), probes.log_scale, stream_norms);
+    if (l > 0) keep_probe0_cotangent(analysis, l);
     analysis.report_progress(2LL * run.sublayers() - l);
   }
 }

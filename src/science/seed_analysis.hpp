@@ -20,6 +20,10 @@ struct ProbeGradients {
   std::vector<double>
       log_contribution;  // (S, K): log |<dL/d update_l, update_l>| per probe; NaN: not reached
   double loss = 0.0;     // probe 0's L = sum(U * y)
+  // --update: probe 0's renormalised dL/dx_l (its T rows) for l = 1..S, and the log of its true
+  // norm; kept like the states, for the stepped forward pass (update.cpp).
+  std::vector<State<Scalar>> probe0_cotangent;
+  std::vector<double> probe0_log_scale;
 };
 
 template <typename Scalar>

@@ -176,6 +176,21 @@ def a_changed_configuration_is_a_fail_block_with_exit_2_and_advice_both_ways():
 
 
 @test
+def runs_with_another_optimizer_step_are_not_compared():
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for name, flags in (("lr3", ["--update", "adam", "--lr", "1e-3"]), ("lr4", ["--update", "adam", "--lr", "1e-4"]),
+                            ("none", [])):
+            paths[name] = os.path.join(tmp, f"{name}.json")
+            assert run("analyze", "--arch", "keel", *SMALL, *flags, "-o", paths[name]).returncode == 0
+        assert run("check", paths["lr3"], "--baseline", paths["lr3"]).returncode == 0
+        proc = run("check", paths["lr4"], "--baseline", paths["lr3"])
+        assert proc.returncode == 2 and "learning_rates" in proc.stderr, (proc.returncode, proc.stderr)
+        proc = run("check", paths["none"], "--baseline", paths["lr3"])
+        assert proc.returncode == 2 and "update_step" in proc.stderr, (proc.returncode, proc.stderr)
+
+
+@test
 def nothing_comparable_is_a_fail_block_with_exit_2():
     with tempfile.TemporaryDirectory() as tmp:
         baseline = analyze(tmp, "keel.json", archs="keel")

@@ -37,6 +37,8 @@ def documented_names():
 def canonical(name):
     """log10_singular_value_3 -> log10_singular_value_i; rms_a -> rms_NAME (stream columns)."""
     name = re.sub(r"^log10_singular_value_\d+", "log10_singular_value_i", name)
+    name = re.sub(r"^(update_rms|log10_update_rel|update_loss|update_loss_share|output_update_rel|delta_loss|"
+                  r"delta_loss_first_order)_\d+$", r"\1_i", name)
     return name
 
 
@@ -63,6 +65,7 @@ ANALYZE = [
     ["--arch", "keel,pre-ln,resi-dual", "--depth", "2", "--seeds", "2", "--probes", "2"],
     ["--arch", "keel", "--depth", "2", "--spectrum", "2", "--exact-jacobian", "--angles", "all", "--norm", "dyt"],
     ["--arch", "plain", "--depth", "200"],  # diverged (underflow)
+    ["--arch", "post-ln,deepnorm", "--depth", "2", "--update", "adam", "--lr", "1e-4,1e-3"],
 ]
 
 
@@ -76,6 +79,7 @@ def every_analyze_json_key_is_documented():
     for args in ANALYZE:
         found |= json_keys(json.loads(run("analyze", *SMALL, *args, "--format", "json")))
     assert "log10_singular_value_i" in found and "diverged" in found and "angles_matrix" in found
+    assert "update_loss_share_i" in found and "output_update_rel" in found and "w_2" in found
     missing = undocumented(found)
     assert not missing, f"JSON keys without an entry in docs/: {missing}"
 

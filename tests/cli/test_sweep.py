@@ -138,6 +138,17 @@ def merge_refuses_disagreeing_or_incomplete_shards():
         # A different model into an existing sweep directory is refused before any work.
         proc = run("sweep", *other, "-o", a, check=False)
         assert proc.returncode == 2 and "seq" in proc.stderr, proc.stderr
+        # So is another optimizer step or learning rate (--update, --lr are part of the model):
+        # resuming must not reuse cells measured with another step.
+        u = os.path.join(tmp, "u")
+        run("sweep", *TINY, "-o", u, "--update", "adam", "--lr", "1e-3", "-q")
+        for changed in (["--update", "adam", "--lr", "1e-4"], ["--update", "sgd", "--lr", "1e-3"], []):
+            proc = run("sweep", *TINY, "-o", u, *changed, "-q", check=False)
+            assert proc.returncode == 2, (changed, proc.returncode, proc.stderr)
+            assert ("learning_rates" in proc.stderr or "update_step" in proc.stderr), (changed, proc.stderr)
+        summary = json.loads(read(os.path.join(u, "summary.json")))
+        assert all(len(cell["output_update_rel"]) == 1 for cell in summary["cells"]), summary["cells"][0]
+        assert summary["summary"]["fits"][0]["output_update_rel_exponent"][0]["learning_rate"] == 1e-3
 
 
 @test

@@ -76,6 +76,18 @@ CASES = [
     Case("analyze alpha on pre-ln", ["analyze", "--arch", "pre-ln", "--alpha", "2", *SMALL], r"--alpha 2 does not apply to pre-ln; it sets the skip weight of"),
     Case("analyze input-corr 2", ["analyze", "--input-corr", "2", *SMALL], r"--input-corr 2 must lie in \[0, 1\]; try --input-corr 0.5"),
     Case("analyze exact-jacobian too large", ["analyze", "--exact-jacobian", "--seq", "128"], r"--exact-jacobian .* limited to seq \* width <= 4096"),
+    # ---- --update and --lr (issue 18)
+    Case("analyze update with swiglu", ["analyze", "--update", "adam", "--lr", "1e-3", "--ffn", "swiglu", *SMALL], r"--update adam steps W_Q, W_K, W_V, W_O, W_1 and W_2 only and cannot be combined with --ffn swiglu/geglu yet; drop --ffn swiglu/geglu or --update"),
+    Case("analyze update with bias", ["analyze", "--update", "sgd", "--lr", "1e-3", "--bias", *SMALL], r"cannot be combined with --bias yet; drop --bias or --update"),
+    Case("analyze lr 0", ["analyze", "--update", "sgd", "--lr", "0", *SMALL], r"--lr 0 must be a positive finite learning rate; try --lr 1e-3"),
+    Case("analyze lr negative", ["analyze", "--update", "adam", "--lr", "1e-3,-1e-4", *SMALL], r"--lr -0.0001 must be a positive finite learning rate; try --lr 1e-3"),
+    Case("analyze lr inf", ["analyze", "--update", "adam", "--lr", "inf", *SMALL], r"--lr (inf|\"inf\") must be a (positive finite learning rate|number)"),
+    Case("analyze lr nan", ["analyze", "--update", "adam", "--lr", "nan", *SMALL], r"--lr (nan|\"nan\") must be a (positive finite learning rate|number)"),
+    Case("analyze lr without update", ["analyze", "--lr", "1e-3", *SMALL], r"--lr is the learning rate of --update, which is not given; add --update adam"),
+    Case("analyze update with ideal branch", ["analyze", "--update", "sgd", "--ideal-branch", *SMALL], r"--update sgd steps the branch weights, and --ideal-branch has none; drop --ideal-branch or --update"),
+    Case("analyze update momentum", ["analyze", "--update", "momentum", *SMALL], r"--update \"momentum\" is not one of none, sgd, adam"),
+    Case("sweep lr 0", ["sweep", "--arch", "keel", "--depth", "2", "--update", "sgd", "--lr", "0", "-o", "out"], r"--lr 0 must be a positive finite learning rate"),
+
     # ---- placements: did-you-mean that means it
     Case("arch prenorm suggests pre-ln", ["analyze", "--arch", "prenorm", *SMALL], r"--arch \"prenorm\" is not a known placement; did you mean \"pre-ln\"\?"),
     Case("arch PostNorm suggests post-ln", ["analyze", "--arch", "PostNorm", *SMALL], r"did you mean \"post-ln\"\?"),

@@ -142,7 +142,7 @@ TEST_CASE("ffn_jvp matches central differences") {
       FfnCache<double> cache;
       MatD out, dy;
       ffn_forward(in, w, options, cache, out);
-      ffn_jvp(w, options, cache, dx, dy);
+      ffn_jvp(in, w, options, cache, dx, dy);
       return dy;
     };
     CHECK(jvp_relative_error(x, forward, jvp) <= kFiniteDifferenceTolerance);

@@ -129,20 +129,36 @@ def write_csv(path, rows, columns=CSV_COLUMNS):
         w.writerows(rows)
 
 
-def synthetic_sweep():
+def synthetic_sweep(update=False):
+    """A summary.json shaped like gradflow sweep's (docs/output.md): cells, model, summary.fits;
+    with `update`, --update's learning rates, per-cell output_update_rel and its fitted exponents."""
     cells, fits = [], []
     depths = [4, 8, 16, 32]
+    rates = [1e-4, 1e-3]
     for arch in ARCHS:
         for b in depths:
             for s in SEEDS:
                 jitter = 1 + 0.02 * (s - 0.5)
-                rms_top = math.sqrt(1 + b) * jitter if arch == "pre-ln" else 1.0 * jitter
+                rms_final = math.sqrt(1 + b) * jitter if arch == "pre-ln" else 1.0 * jitter
                 ratio = 0.25 * math.log10(2 * b) * jitter if arch == "pre-ln" else -0.301 * b * jitter
-                cells.append({"arch": arch, "blocks": b, "seed": s, "rms_top": rms_top, "log10_grad_ratio": ratio})
+                cell = {"arch": arch, "blocks": b, "sublayers": 2 * b, "width": 16, "seed": s,
+                        "rms_final": rms_final, "log10_grad_ratio": ratio}
+                if update:
+                    cell["output_update_rel"] = [lr * 100 * b ** (0.5 if arch == "pre-ln" else 0) * jitter
+                                                 for lr in rates]
+                cells.append(cell)
         p = 0.5 if arch == "pre-ln" else 0.0
-        fits.append({"arch": arch, "rms_exponent": p, "rms_exponent_ci95": [p - 0.03, p + 0.03],
-                     "grad_slope": 0.01 if arch == "pre-ln" else -0.301})
-    return {"schema_version": 1, "command": "sweep", "cells": cells, "fits": fits}
+        fit = {"arch": arch, "width": 16, "blocks": depths,
+               "growth_exponent": {"value": p, "ci95_low": p - 0.03, "ci95_high": p + 0.03},
+               "log10_grad_ratio_slope": {"value": 0.01 if arch == "pre-ln" else -0.301}}
+        if update:
+            fit["output_update_rel_exponent"] = [{"value": p, "ci95_low": p - 0.02, "ci95_high": p + 0.02,
+                                                  "learning_rate": lr} for lr in rates]
+        fits.append(fit)
+    model = {"block": "attn_ffn", "heads": 2}
+    if update:
+        model.update({"update_step": "adam", "learning_rates": rates})
+    return {"schema_version": 1, "command": "sweep", "model": model, "cells": cells, "summary": {"fits": fits}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,6 +244,8 @@ class Inputs:
         write_csv(self.csv_depths, synthetic_csv_rows(depths=(2, 4, 8)))
         self.sweep = self.tmp / "sweep.json"
         self.sweep.write_text(json.dumps(synthetic_sweep()))
+        self.sweep_update = self.tmp / "sweep_update.json"
+        self.sweep_update.write_text(json.dumps(synthetic_sweep(update=True)))
 
 
 def make_tests(inp, out):
@@ -276,6 +294,12 @@ def make_tests(inp, out):
     def sweep_from_sweep_json():
         plot_ok("sweep", inp.sweep, "-o", out / "sweep.png")
         check_png(out / "sweep.png")
+
+    @test
+    def update_depth_from_sweep_json():
+        plot_ok("update-depth", inp.sweep_update, "-o", out / "update_depth.png")
+        check_png(out / "update_depth.png")
+        expect_error(["update-depth", inp.sweep, "-o", out / "x.png"], ["update-depth", "sweep --update"])
 
     @test
     def sweep_from_csv_with_several_depths():
@@ -348,6 +372,10 @@ def make_tests(inp, out):
         plot_ok("all", inp.sweep, "--outdir", d, "--format", "svg")
         names = sorted(p.name for p in d.iterdir())
         assert names == ["sweep.svg"], f"all wrote {names}"
+        d = out / "all_sweep_update"
+        plot_ok("all", inp.sweep_update, "--outdir", d, "--format", "svg")
+        names = sorted(p.name for p in d.iterdir())
+        assert names == ["sweep.svg", "update-depth.svg"], f"all wrote {names}"
 
     @test
     def multi_stream_csv():
@@ -537,11 +565,24 @@ def make_binary_tests(binary, out):
         stats = check_png(out / "real_sweep.png")
         print(f"  real_sweep.png: non-background {stats[1]:.3f}, coloured {stats[2]:.3f}")
 
+    def binary_sweep_summary():
+        """A real `gradflow sweep --update` directory's summary.json gives the sweep and update-depth figures."""
+        directory = out / "real_sweep_dir"
+        r = subprocess.run([binary, "sweep", "--arch", ",".join(ARCHS), "--depth", "2,4,8", "--seeds", "2",
+                            "--width", "16", "--heads", "2", "--seq", "4", "--update", "adam", "--lr", "1e-4,1e-3",
+                            "-o", str(directory), "-q"], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"sweep exited {r.returncode}: {r.stderr.strip()[-500:]}"
+        for kind in ("sweep", "update-depth"):
+            plot_ok(kind, directory / "summary.json", "-o", out / f"real_{kind}.png")
+            stats = check_png(out / f"real_{kind}.png")
+            print(f"  real_{kind}.png: non-background {stats[1]:.3f}, coloured {stats[2]:.3f}")
+
     binary_json.__name__ = "binary_json_matches_contract"
     binary_csv.__name__ = "binary_csv_matches_contract"
     binary_figures.__name__ = "binary_figures"
     binary_sweep.__name__ = "binary_sweep_from_two_depths"
-    return [binary_json, binary_csv, binary_figures, binary_sweep]
+    binary_sweep_summary.__name__ = "binary_sweep_summary_with_update"
+    return [binary_json, binary_csv, binary_figures, binary_sweep, binary_sweep_summary]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -113,6 +113,8 @@ def run_gradflow(args, arch, tmp):
            "--export-weights", exp, "-o", out]
     if args.ideal_branch:
         cmd.append("--ideal-branch")
+    if args.update:
+        cmd += ["--update", args.update, "--lr", repr(args.lr)]
     for flag, val in (("--alpha", args.alpha), ("--keel-variant", args.keel_variant),
                       ("--mix-ratio", args.mix_ratio), ("--input-corr", args.input_corr), ("--ffn", args.ffn),
                       ("--ffn-hidden", args.ffn_hidden), ("--kv-heads", args.kv_heads),
@@ -203,12 +205,32 @@ def compare_arch(args, arch, tmp):
         for fig in ("rms", "log10_grad"):
             rows.append((f"stream {name}", fig) + compare_series(fig, gstreams[name].get(fig), rs[fig],
                                                                  fig == "log10_grad"))
+    if args.update:
+        rows += compare_update(args, stack, x0, probes, seed)
     for row in rows:
         if not (row[2] <= args.tol):
             mismatch = True
     if not mismatch:
         notes = [n for n in notes if not n.startswith("hint:")]
     return ("MISMATCH" if mismatch else "OK"), rows, notes
+
+
+def compare_update(args, stack, x0, probes, seed):
+    """--update: the update figures of gradflow's column 1 against the reference's own optimizer step."""
+    ref = R.model_update(stack, x0, probes[0], args.update, args.lr)
+    gs, gl = seed.get("states", {}), seed.get("sublayers", {})
+    steps = (seed.get("summary") or {}).get("update") or [{}]
+    rows = []
+    for fig in ("update_rms", "log10_update_rel"):
+        rows.append(("state", fig) + compare_series(fig, gs.get(fig + "_1"), ref[fig], fig.startswith("log10")))
+    for fig in ("update_loss", "update_loss_share"):
+        rows.append(("sublayer", fig) + compare_series(fig, gl.get(fig + "_1"), ref[fig], False))
+    for fig in ("output_update_rel", "delta_loss", "delta_loss_first_order"):
+        rows.append(("run", fig) + compare_series(fig, [steps[0].get(fig)], [ref[fig]], False))
+    gstep = steps[0].get("step_rel") or {}
+    for kind, value in ref["step_rel"].items():
+        rows.append(("run", "step_rel " + kind) + compare_series(kind, [gstep.get(kind)], [value], False))
+    return rows
 
 
 def fmt(v):
@@ -260,6 +282,9 @@ def main(argv=None):
     p.add_argument("--input-corr", type=float)
     p.add_argument("--ideal-branch", action="store_true",
                    help="gradflow --ideal-branch: every F is a +90 degree rotation in coordinate pairs")
+    p.add_argument("--update", choices=["sgd", "adam"],
+                   help="also compare the model-update figures of one optimizer step (gradflow --update)")
+    p.add_argument("--lr", type=float, default=1e-3, help="the learning rate of --update")
     p.add_argument("--tol", type=float, default=1e-8)
     p.add_argument("--qk-norm", choices=["rms", "follow"], default="rms",
                    help="norm type of q/k/v norms inside attention (hybridnorm, olmo2): RMSNorm or --norm")

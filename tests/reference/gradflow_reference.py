@@ -689,6 +689,68 @@ def analyze(stack, x0, probes):
     }
 
 
+# gradflow's matrix names (step_rel keys) for the exported tensor names
+MATRIX_KINDS = {"W_Q": "w_q", "W_K": "w_k", "W_V": "w_v", "W_O": "w_o", "W_1": "w_1", "W_2": "w_2"}
+
+
+def model_update(stack, x0, probe, rule, lr):
+    """--update (issue 18), computed independently: torch autograd's dL/dW of L = sum(U * y) for probe 0, one
+    optimizer step, and the forward pass again with the stepped weights (admin's w as profiled on x0).
+      SGD:  Delta W = -lr g
+      Adam: Delta W = -lr g / (|g| + 1e-8)  (Kingma & Ba 2014, arXiv 1412.6980, Alg. 1: the first step's
+            bias-corrected m^ = g, v^ = g^2)"""
+    states, _, _ = stack.forward(x0)
+    base = stack.W
+
+    def run(weights):
+        stack.W = weights
+        state, out = stack.init_state(x0), []
+        out.append(state)
+        for l in range(stack.S):
+            state = stack.sublayer(l, state)[0]
+            out.append(state)
+        return out, stack.output(state)
+
+    try:
+        params = [{n: t.clone().requires_grad_(True) for n, t in Wl.items()} for Wl in base]
+        with torch.enable_grad():
+            _, y = run(params)
+            loss = (probe * y).sum()
+            flat = [t for Wl in params for t in Wl.values()]
+            grads = torch.autograd.grad(loss, flat)
+        grads = iter(g.detach() for g in grads)
+        grads = [{n: next(grads) for n in Wl} for Wl in params]
+        steps = [{n: (-lr * g if rule == "sgd" else -lr * g / (g.abs() + 1e-8)) for n, g in Gl.items()}
+                 for Gl in grads]
+        with torch.no_grad():
+            y = y.detach()
+            moved_states, moved_y = run([{n: base[l][n] + st[n] for n in st} for l, st in enumerate(steps)])
+    finally:
+        stack.W = base
+    diffs = [tuple(a - b for a, b in zip(m, o)) for m, o in zip(moved_states, states)]
+    update_loss = [sum(float((grads[l][n] * steps[l][n]).sum()) for n in steps[l]) for l in range(stack.S)]
+    first_order = sum(update_loss)
+    step_sq, weight_sq = {}, {}
+    for l in range(stack.S):
+        for n, st in steps[l].items():
+            k = MATRIX_KINDS[n]
+            step_sq[k] = step_sq.get(k, 0.0) + float((st * st).sum())
+            weight_sq[k] = weight_sq.get(k, 0.0) + float((base[l][n] ** 2).sum())
+    return {
+        "update_rms": [trms(dx) for dx in diffs],
+        # a state that does not move (l = 0; every state of rezero, whose alpha = 0 cuts the weights'
+        # gradients) has no log: null, as gradflow writes it
+        "log10_update_rel": [math.log10(tnorm(dx) / tnorm(states[l])) if tnorm(dx) > 0 else None
+                             for l, dx in enumerate(diffs)],
+        "update_loss": update_loss,
+        "update_loss_share": [u / first_order if first_order != 0 else None for u in update_loss],
+        "output_update_rel": tnorm((moved_y - y,)) / tnorm((y,)),
+        "delta_loss": float((probe * (moved_y - y)).sum()),
+        "delta_loss_first_order": first_order,
+        "step_rel": {k: math.sqrt(step_sq[k] / weight_sq[k]) for k in step_sq},
+    }
+
+
 def _stream_logs(out, k, l, g, stack, state, base=0.0):
     """Per-stream log||g|| (natural log) for state l; g is the (renormalised) gradient tuple."""
     for i in range(len(stack.streams)):

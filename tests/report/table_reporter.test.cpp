@@ -175,6 +175,33 @@ TEST_CASE("table and markdown: golden layouts") {
   check_golden("markdown_three_seeds.md", markdown(three_seed_report()));
 }
 
+// --update: the three-seed report with two learning rates; keel's second step diverged in seed 2.
+AnalysisReport update_report() {
+  AnalysisReport report = three_seed_report();
+  for (ArchResult& result : report.results) {
+    result.config.update = UpdateRule::adam;
+    result.config.learning_rates = {1e-4, 1e-3};
+    for (std::size_t s = 0; s < result.seeds.size(); ++s) {
+      for (const double lr : result.config.learning_rates) {
+        UpdateStep step;
+        step.learning_rate = lr;
+        step.output_update_rel = lr * (result.arch->id == "keel" ? 70.0 : 1000.0) * (1.0 + 0.1 * s);
+        step.delta_loss = -lr * 1.3e4;
+        step.delta_loss_first_order = -lr * 1.4e4;
+        if (result.arch->id == "keel" && lr == 1e-3 && s == 2) step.diverged_state = 40;
+        result.seeds[s].updates.push_back(step);
+      }
+    }
+  }
+  return report;
+}
+
+TEST_CASE("table and markdown with --update: one line per placement and learning rate") {
+  check_golden("table_update.txt", table(update_report()));
+  check_golden("markdown_update.md", markdown(update_report()));
+  CHECK(table(three_seed_report()).find("step on the probe loss") == std::string::npos);
+}
+
 TEST_CASE("table: colour only when asked, and it does not move any column") {
   const AnalysisReport report = single_seed_report();
   CHECK(table(report, false).find('\033') == std::string::npos);

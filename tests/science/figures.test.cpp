@@ -18,8 +18,9 @@ TEST_CASE("the figure table has one row per Figure, in enum order, with unique n
     CHECK(names.insert(row.name).second);
     CHECK_FALSE(row.description.empty());
   }
-  CHECK(figure_table().back().figure == Figure::log10_param_grad);
+  CHECK(figure_table().back().figure == Figure::update_loss_share);  // the last Figure: every one has a row
   CHECK(figure_name({Figure::log10_singular_value_exact, 3}) == "log10_singular_value_3_exact");
+  CHECK(figure_name({Figure::log10_update_rel, 2}) == "log10_update_rel_2");
 }
 
 TEST_CASE("allocate_figures gives a configuration's columns in output order") {

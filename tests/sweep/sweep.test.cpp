@@ -78,10 +78,11 @@ TEST_CASE("fit_sweep fits rms(x_S) against S per arch and width and names the cl
     const int sublayers = 2 * cell.depth;
     const double p = cell.arch == "a" ? 0.5 : 0.0;
     const double noise = cell.seed == 0 ? 1.01 : 0.99;
-    cells.push_back({cell, sublayers, noise * std::pow(sublayers, p), -0.001 * sublayers});
+    cells.push_back({cell, sublayers, noise * std::pow(sublayers, p), -0.001 * sublayers, {}, {}});
   }
   const auto fits = fit_sweep(grid, cells);
   REQUIRE(fits.size() == 2);
+  CHECK(fits[0].update_exponents.empty());  // no --update, no update fit
   CHECK(fits[0].arch == "a");
   CHECK(fits[0].growth_exponent.slope == doctest::Approx(0.5).epsilon(1e-9));
   CHECK(fits[0].growth_class == "sqrt");
@@ -90,4 +91,27 @@ TEST_CASE("fit_sweep fits rms(x_S) against S per arch and width and names the cl
   CHECK(fits[0].sublayers == std::vector<int>{8, 16, 32});
   cells.pop_back();
   CHECK_THROWS(fit_sweep(grid, cells));
+}
+
+TEST_CASE("fit_sweep fits output_update_rel's exponent against S per learning rate, with its interval") {
+  const SweepGrid grid{{"post-ln", "deepnorm"}, {4, 8, 16}, {32}, 3};
+  std::vector<CellFigures> cells;
+  for (const auto& cell : sweep_cells(grid)) {
+    const int sublayers = 2 * cell.depth;
+    const double p = cell.arch == "post-ln" ? 0.5 : 0.0;
+    const double noise = 1.0 + 0.02 * (static_cast<double>(cell.seed) - 1.0);
+    // learning rate 1e-3 moves the output 10x as far as 1e-4, with the same exponent
+    cells.push_back({cell, sublayers, 1.0, 0.0, {1e-4, 1e-3},
+                     {1e-4 * noise * std::pow(sublayers, p), 1e-3 * noise * std::pow(sublayers, p + 0.25)}});
+  }
+  const auto fits = fit_sweep(grid, cells);
+  REQUIRE(fits.size() == 2);
+  REQUIRE(fits[0].update_exponents.size() == 2);
+  CHECK(fits[0].learning_rates == std::vector<double>{1e-4, 1e-3});
+  CHECK(fits[0].update_exponents[0].slope == doctest::Approx(0.5).epsilon(1e-9));
+  CHECK(fits[0].update_exponents[1].slope == doctest::Approx(0.75).epsilon(1e-9));
+  CHECK(fits[1].update_exponents[0].slope == doctest::Approx(0.0).epsilon(1e-9));
+  CHECK(fits[0].update_exponents[0].ci95_low <= 0.5);
+  CHECK(fits[0].update_exponents[0].ci95_high >= 0.5);
+  CHECK(fits[0].update_exponents[0].depths == 3);
 }

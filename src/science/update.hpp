@@ -1,0 +1,41 @@
+// One optimizer step on probe 0's loss (--update; metrics.md, "The model update"): the pieces the
+// update family (update.cpp) is built from, shared with its tests.
+#pragma once
+#include <array>
+
+#include "seed_analysis.hpp"
+
+namespace gradflow {
+
+// Adam's epsilon, PyTorch's default (Kingma & Ba 2014, arXiv 1412.6980, Alg. 1: eps = 1e-8).
+inline constexpr double kAdamEpsilon = 1e-8;
+
+// Sublayer l's probe-0 weight gradient dL/dtheta_l, divided by exp(probe0_log_scale[l + 1]):
+// sublayer l recomputed from the stored x_l and back-propagated from the kept cotangent of
+// x_{l+1}. Returns the branch context, whose weights are theta_l.
+template <typename Scalar>
+BranchContext<Scalar> sublayer_weight_gradient(SeedAnalysis<Scalar>& analysis, int l,
+                                               SublayerWeights<Scalar>& gradient);
+
+// The step Delta theta_l of `rule` at learning rate lr from the gradient g = exp(log_scale) * scaled,
+// into `step`; returns <g, Delta theta_l> (update_loss) in double.
+template <typename Scalar>
+double optimizer_step(UpdateRule rule, double lr, SublayerKind kind, const SublayerWeights<Scalar>& scaled,
+                      double log_scale, SublayerWeights<Scalar>& step);
+
+// Which of kMatrixKinds a sublayer of this kind has: [first, last).
+inline std::pair<int, int> matrix_range(SublayerKind kind) {
+  return kind == SublayerKind::attn ? std::pair{0, 4} : std::pair{4, 6};
+}
+
+// The sublayer's matrices in SublayerWeights' (and kMatrixKinds') order; empty ones are not set.
+template <typename Scalar>
+std::array<Mat<Scalar>*, kMatrixKindCount> matrices(SublayerWeights<Scalar>& weights) {
+  return {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2};
+}
+template <typename Scalar>
+std::array<const Mat<Scalar>*, kMatrixKindCount> matrices(const SublayerWeights<Scalar>& weights) {
+  return {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2};
+}
+
+}  // namespace gradflow
