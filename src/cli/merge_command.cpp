@@ -86,10 +86,12 @@ json read_cell(const std::string& path, const SweepCell& cell, const json& manif
     for (const ConfigField& shared : config_fields()) {
       if (!shared.in_sweep_model || !shared.compared) continue;
       const std::string field(shared.key);
-      // A field recorded only when used (--update's) is null where it is absent.
-      const json& model = manifest.at("model");
-      const json cell_value = shared.present ? config.value(field, json()) : config.at(field);
-      const json sweep_value = shared.present ? model.value(field, json()) : model.at(field);
+      // Issue 19's fields absent from an older document read as the defaults; a field recorded
+      // only when used (--update's) is null where it is absent.
+      const json cell_value = recorded_config_value(config, field),
+                 sweep_value = recorded_config_value(manifest.at("model"), field);
+      if (cell_value.is_null() && !shared.present)
+        throw InputError(fmt::format("{}: not a gradflow cell document (config lacks {:?})", path, field));
       if (cell_value != sweep_value) {
         throw InputError(fmt::format("{} has {} {} but the sweep has {} {}; it belongs to another sweep",
                                      path, field, cell_value.dump(), field, sweep_value.dump()));

@@ -89,8 +89,10 @@ SweepGrid grid_from_manifest(const json& manifest, const std::string& origin) {
     if (!model.is_object())
       throw InputError(fmt::format("{}: \"model\" is {}, not an object", origin, model.type_name()));
     for (const ConfigField& field : config_fields()) {
-      // Fields recorded only when used (field.present: --update's) may be absent.
-      if (field.in_sweep_model && field.compared && !field.present && !model.contains(std::string(field.key)))
+      // Fields recorded only when used (field.present: --update's) may be absent; so may issue 19's
+      // in an older manifest (recorded_config_value gives their defaults).
+      if (field.in_sweep_model && field.compared && !field.present &&
+          recorded_config_value(model, field.key).is_null())
         throw InputError(
             fmt::format("{}: not a gradflow sweep manifest (model lacks {:?})", origin, field.key));
     }

@@ -34,7 +34,8 @@ ModelConfig small_config(UpdateRule rule, std::vector<double> learning_rates) {
 // Least-squares slope of log10(y) against log10(x).
 double log_log_slope(const std::vector<double>& x, const std::vector<double>& y) {
   double mx = 0, my = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) mx += std::log10(x[i]) / x.size(), my += std::log10(y[i]) / y.size();
+  for (std::size_t i = 0; i < x.size(); ++i)
+    mx += std::log10(x[i]) / x.size(), my += std::log10(y[i]) / y.size();
   double sxy = 0, sxx = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
     sxy += (std::log10(x[i]) - mx) * (std::log10(y[i]) - my);
@@ -138,7 +139,31 @@ TEST_CASE("the stepped forward pass moves each state by the JVP along Delta thet
   }
 }
 
-TEST_CASE("a step that overflows a state is reported at that state and learning rate, the others unaffected") {
+TEST_CASE("the update's weight gradients and JVP hold with shared key/value heads and rotary embeddings") {
+  ModelConfig config = small_config(UpdateRule::sgd, {1e-6});
+  config.heads = 4;
+  config.kv_heads = 2;
+  config.rope_theta = 10000.0;
+  for (const char* id : {"pre-ln", "olmo2", "hybridnorm"}) {  // no q/k norm, full QK-norm, per-head QKV norm
+    CAPTURE(id);
+    const Architecture& arch = find_architecture(id);
+    const double coarse = worst_linearisation_error(config, arch, 1e-5);
+    const double fine = worst_linearisation_error(config, arch, 1e-6);
+    MESSAGE(std::string(id) << " (kv-heads 2, rope): relative error " << coarse << " at eta 1e-5, " << fine
+                            << " at eta 1e-6");
+    CHECK(fine < 1e3 * 1e-6);
+    CHECK(coarse / fine == doctest::Approx(10.0).epsilon(0.2));
+    ModelConfig stepped = config;
+    stepped.learning_rates = {1e-7};
+    const SeedResult run = analyze_seed(stepped, arch, resolve_constants(arch, stepped), 1);
+    const UpdateStep& step = run.updates.front();
+    CHECK(std::abs(step.delta_loss - step.delta_loss_first_order) <=
+          1e-4 * std::abs(step.delta_loss_first_order));
+  }
+}
+
+TEST_CASE(
+    "a step that overflows a state is reported at that state and learning rate, the others unaffected") {
   ModelConfig config = small_config(UpdateRule::sgd, {1e-3, 1e30});
   config.precision = Precision::f32;
   const Architecture& arch = find_architecture("pre-ln");
