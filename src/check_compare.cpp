@@ -89,7 +89,8 @@ struct FigureComparer {
 bool same_config(const json& result_config, const json& baseline_config, const std::string& arch,
                  Comparison& comparison) {
   for (const std::string& field : compared_config_keys()) {
-    const json a = baseline_config.value(field, json()), b = result_config.value(field, json());
+    const json a = recorded_config_value(baseline_config, field),
+               b = recorded_config_value(result_config, field);
     if (a != b) {
       comparison.mismatches.push_back({arch, field, b, a});
       return false;

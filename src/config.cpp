@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "gradflow/architecture.hpp"
 #include "gradflow/errors.hpp"
@@ -33,6 +34,19 @@ std::string_view to_string(InitKind value) {
       return "gpt2";
     case InitKind::small:
       return "small";
+    case InitKind::normal:
+      return "normal";
+  }
+  return "?";
+}
+std::string_view to_string(FfnKind value) {
+  switch (value) {
+    case FfnKind::gelu:
+      return "gelu";
+    case FfnKind::swiglu:
+      return "swiglu";
+    case FfnKind::geglu:
+      return "geglu";
   }
   return "?";
 }
@@ -73,7 +87,43 @@ NormKind parse_norm_kind(std::string_view name) {
   return parse_enum("--norm", name, {NormKind::rms, NormKind::layer, NormKind::dyt});
 }
 InitKind parse_init_kind(std::string_view name) {
-  return parse_enum("--init", name, {InitKind::xavier, InitKind::gpt2, InitKind::small});
+  return parse_enum("--init", name, {InitKind::xavier, InitKind::gpt2, InitKind::small, InitKind::normal});
+}
+FfnKind parse_ffn_kind(std::string_view name) {
+  return parse_enum("--ffn", name, {FfnKind::gelu, FfnKind::swiglu, FfnKind::geglu});
+}
+
+void set_init(ModelConfig& config, std::string_view text) {
+  const auto colon = text.find(':');
+  config.init = parse_init_kind(text.substr(0, colon));
+  if (colon == std::string_view::npos) return;
+  const std::string number(text.substr(colon + 1));
+  if (config.init != InitKind::normal) {
+    throw InputError(
+        fmt::format("--init {} takes no standard deviation; only normal:STD does, e.g. "
+                    "--init normal:0.02",
+                    std::string(text)));
+  }
+  char* end = nullptr;
+  config.init_std = std::strtod(number.c_str(), &end);
+  if (number.empty() || *end != '\0') {
+    throw InputError(
+        fmt::format("--init {:?}: the standard deviation {:?} is not a number; try --init "
+                    "normal:0.02",
+                    std::string(text), number));
+  }
+}
+
+std::string init_text(const ModelConfig& config) {
+  if (config.init != InitKind::normal) return std::string(to_string(config.init));
+  return fmt::format("normal:{}", config.init_std);
+}
+
+int ModelConfig::rotary_dims() const {
+  if (rope_theta == 0.0) return 0;
+  // Partial rotary (GPT-NeoX's rotary_pct, HF's partial_rotary_factor): int(head_dim * fraction).
+  const int dims = static_cast<int>(head_dim() * rope_fraction);
+  return dims - dims % 2;
 }
 Precision parse_precision(std::string_view name) {
   return parse_enum("--precision", name, {Precision::f32, Precision::f64});
@@ -102,6 +152,58 @@ SublayerKind ModelConfig::sublayer_kind(int sublayer) const {
   }
   return SublayerKind::ffn;
 }
+
+namespace {
+// The issue-19 ops: FFN kind and width, rotary embeddings, key/value heads, init, norm epsilon.
+void validate_block_ops(const ModelConfig& config) {
+  if (config.ffn_hidden_width < 0 || config.ffn_hidden_width > kMaxWidth) {
+    throw InputError(
+        fmt::format("--ffn-hidden {} must lie in [1, {}] (or 0 for {} x --width); try --ffn-hidden {}",
+                    config.ffn_hidden_width, kMaxWidth, kFfnMultiple, kFfnMultiple * config.width));
+  }
+  if (!(config.rope_theta >= 0.0 && std::isfinite(config.rope_theta)) ||
+      (config.rope_theta > 0.0 && config.rope_theta <= 1.0)) {
+    throw InputError(
+        fmt::format("--rope-theta {} must be above 1 (or 0 for no rotary embedding); try "
+                    "--rope-theta 10000",
+                    config.rope_theta));
+  }
+  if (!(config.rope_fraction > 0.0 && config.rope_fraction <= 1.0)) {
+    throw InputError(
+        fmt::format("--rope-fraction {} must lie in (0, 1]; try --rope-fraction 1", config.rope_fraction));
+  }
+  if (config.rope_theta > 0.0 && config.rotary_dims() < 2) {
+    throw InputError(
+        fmt::format("--rope-fraction {} rotates {} of the {} dims per head; rotary embeddings "
+                    "need at least 2: raise --rope-fraction or use fewer --heads",
+                    config.rope_fraction, config.rotary_dims(), config.head_dim()));
+  }
+  if (config.kv_heads < 0 || config.kv_heads > config.heads || config.heads % config.kv_head_count() != 0) {
+    throw InputError(fmt::format("--kv-heads {} must divide --heads {} (0 means --heads); try --kv-heads {}",
+                                 config.kv_heads, config.heads,
+                                 config.heads % 2 == 0 ? config.heads / 2 : 1));
+  }
+  if (config.init == InitKind::normal && !(config.init_std > 0.0 && std::isfinite(config.init_std))) {
+    throw InputError(fmt::format(
+        "--init normal:{} needs a positive standard deviation; try --init normal:0.02", config.init_std));
+  }
+  if (!(config.norm_eps > 0.0 && config.norm_eps < 1.0)) {
+    throw InputError(
+        fmt::format("--norm-eps {} must lie in (0, 1); try --norm-eps {}", config.norm_eps, kNormEps));
+  }
+  // The ops' numerics land in the next commits; until then their flags accept only the defaults.
+  const ModelConfig defaults;
+  const auto not_yet = [](std::string_view flag) {
+    throw InputError(fmt::format("{} is not implemented in this build; leave it at its default", flag));
+  };
+  if (config.ffn != defaults.ffn) not_yet("--ffn");
+  if (config.rope_theta != 0.0) not_yet("--rope-theta");
+  if (config.kv_head_count() != config.heads) not_yet("--kv-heads");
+  if (config.bias) not_yet("--bias");
+  if (config.init == InitKind::normal) not_yet("--init normal");
+  if (config.norm_eps != kNormEps) not_yet("--norm-eps");
+}
+}  // namespace
 
 void validate(const ModelConfig& config) {
   if (config.blocks < 1)
@@ -151,6 +253,7 @@ void validate(const ModelConfig& config) {
     throw InputError(
         fmt::format("--input-corr {} must lie in [0, 1]; try --input-corr 0.5", config.input_corr));
   }
+  validate_block_ops(config);
   validate_options(config);  // the placements' own options (--alpha, --keel-variant, ...)
   if (config.angles_all && config.sublayers() > kAnglesMaxSublayers) {
     throw InputError(fmt::format(

@@ -60,7 +60,15 @@ AttentionOptions GraphExecutor<Scalar>::attention_options(const SublayerGraph& g
   options.qkv_norm = graph.qkv_norm();
   const double head_dim = static_cast<double>(context.weights->w_q.cols()) / context.heads;
   options.score_scale = graph.score_scale().value_or(1.0 / std::sqrt(head_dim));
+  options.kv_heads = context.ops.kv_heads;
+  options.norm_eps = context.ops.norm_eps;
+  options.rope_theta = context.ops.rope_theta;
+  options.rotary_dims = context.ops.rotary_dims;
   return options;
+}
+
+BlockOps block_ops(const ModelConfig& config) {
+  return {config.ffn, config.kv_head_count(), config.rope_theta, config.rotary_dims(), config.norm_eps};
 }
 
 bool recompute_can_skip_branch_output(const SublayerGraph& graph, std::vector<char>& after_branch,
@@ -163,7 +171,7 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
           attention_forward(a, *context.weights, attention_options(graph, context), attention_, out,
                             context.shards, false);
         } else {
-          ffn_forward(a, *context.weights, ffn_options(graph), ffn_, out, context.shards, false);
+          ffn_forward(a, *context.weights, ffn_options(graph, context), ffn_, out, context.shards, false);
         }
       } else if (node.op == NodeOp::norm || node.op == NodeOp::unit) {  // an output: known
         const auto& outputs = graph.outputs();
@@ -185,7 +193,7 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
         out = static_cast<Scalar>(node.factor) * a;
         break;
       case NodeOp::norm:
-        norm_forward(context.norm, 1, a, out, norm_stats_[id]);
+        norm_forward(context.norm, 1, a, out, norm_stats_[id], context.ops.norm_eps);
         break;
       case NodeOp::unit:
         unit_rows_forward(1, a, out, norm_stats_[id]);
@@ -197,7 +205,7 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
           attention_forward(a, *context.weights, attention_options(graph, context), attention_, out,
                             context.shards);
         } else {
-          ffn_forward(a, *context.weights, ffn_options(graph), ffn_, out, context.shards);
+          ffn_forward(a, *context.weights, ffn_options(graph, context), ffn_, out, context.shards);
         }
         break;
     }
@@ -242,7 +250,7 @@ void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vect
                              attention_, d_out, d_a, param_grads, context.shards,
                              skipped_branch_output_ ? &branch_output_dots_ : nullptr);
         } else {
-          ffn_backward(values_[node.lhs], *context.weights, ffn_options(graph), ffn_, d_out, d_a, param_grads,
+          ffn_backward(values_[node.lhs], *context.weights, ffn_options(graph, context), ffn_, d_out, d_a, param_grads,
                        context.shards, skipped_branch_output_ ? &branch_output_dots_ : nullptr);
         }
         break;
@@ -283,7 +291,7 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
           attention_jvp(values_[node.lhs], *context.weights, attention_options(graph, context), attention_,
                         d_a, d_out);
         } else {
-          ffn_jvp(*context.weights, ffn_options(graph), ffn_, d_a, d_out);
+          ffn_jvp(*context.weights, ffn_options(graph, context), ffn_, d_a, d_out);
         }
         break;
     }

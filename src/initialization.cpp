@@ -23,9 +23,28 @@ double base_stddev(const ModelConfig& config, WeightMatrix matrix, Eigen::Index 
       return 0.02 * depth_scale;
     case InitKind::small:  // Nguyen & Salazar 2019 "small init" sqrt(2/(5d)), as OLMo / HybridNorm use it
       return std::sqrt(2.0 / (5.0 * config.width)) * depth_scale;
+    case InitKind::normal:  // N(0, STD^2) for every matrix: HF's _init_weights with initializer_range
+      return config.init_std;
   }
   return std::numeric_limits<double>::quiet_NaN();
 }
+
+namespace {
+// --bias: every projection's bias, zero at init (HF's _init_weights zeroes nn.Linear biases).
+template <typename Scalar>
+void zero_biases(const ModelConfig& config, SublayerKind kind, SublayerWeights<Scalar>& weights) {
+  const Eigen::Index d = config.width, hidden = config.ffn_hidden(), kv_width = config.kv_width();
+  const bool attn = kind == SublayerKind::attn, gated = config.ffn != FfnKind::gelu;
+  const auto size = [&](Vec<Scalar>& b, Eigen::Index n, bool used) { b.setZero(config.bias && used ? n : 0); };
+  size(weights.b_q, d, attn);
+  size(weights.b_k, kv_width, attn);
+  size(weights.b_v, kv_width, attn);
+  size(weights.b_o, d, attn);
+  size(weights.b_1, hidden, !attn);
+  size(weights.b_3, hidden, !attn && gated);
+  size(weights.b_2, d, !attn);
+}
+}  // namespace
 
 template <typename Scalar>
 void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx,
@@ -57,17 +76,20 @@ void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arc
     }
     total_chunks_ += count;
   };
-  const Eigen::Index d = config.width, hidden = config.ffn_hidden();
+  const Eigen::Index d = config.width, hidden = config.ffn_hidden(), kv_width = config.kv_width();
   if (ctx.kind == SublayerKind::attn) {
     add(weights.w_q, d, d, WeightMatrix::q, kColumnSplit);
-    add(weights.w_k, d, d, WeightMatrix::k, kColumnSplit);
-    add(weights.w_v, d, d, WeightMatrix::v, kColumnSplit);
+    add(weights.w_k, d, kv_width, WeightMatrix::k, kColumnSplit);
+    add(weights.w_v, d, kv_width, WeightMatrix::v, kColumnSplit);
     add(weights.w_o, d, d, WeightMatrix::o,
         shard_range(config.heads, 0).end * config.head_dim());  // by heads
   } else {
     add(weights.w_1, d, hidden, WeightMatrix::up, kColumnSplit);
+    // W_3 is drawn like W_1 (its own stream), as HF's _init_weights draws every nn.Linear alike.
+    if (config.ffn != FfnKind::gelu) add(weights.w_3, d, hidden, WeightMatrix::gate, kColumnSplit);
     add(weights.w_2, hidden, d, WeightMatrix::down, shard_range(hidden, 0, kShardGranule).end);
   }
+  zero_biases(config, ctx.kind, weights);
   done_.store(0, std::memory_order_relaxed);
   next_[0].store(0, std::memory_order_release);
   next_[1].store(0, std::memory_order_release);
@@ -121,6 +143,7 @@ void normalize_along_width(SublayerKind kind, SublayerWeights<Scalar>& weights) 
     unit_rows(weights.w_o);
   } else {
     unit_columns(weights.w_1);
+    if (weights.w_3.size() > 0) unit_columns(weights.w_3);
     unit_rows(weights.w_2);
   }
 }

@@ -13,9 +13,12 @@ namespace gradflow {
 
 enum class Precision { f32, f64 };
 enum class NormKind { rms, layer, dyt };
-enum class InitKind { xavier, gpt2, small };
+enum class InitKind { xavier, gpt2, small, normal };
 enum class BlockKind { attn_ffn, ffn, attn };
 enum class SublayerKind { attn, ffn };
+// The feed-forward sublayer: gelu(x W_1) W_2 (Vaswani et al. 2017), or a gated linear unit
+// (act(x W_1) * (x W_3)) W_2 with act = SiLU (swiglu) or GELU (geglu) (Shazeer 2020, arXiv 2002.05202).
+enum class FfnKind { gelu, swiglu, geglu };
 // `rotation` replaces every branch F by a fixed 90-degree rotation within coordinate pairs: the
 // idealised branch of the closed forms (as large as its input and orthogonal to it).
 enum class BranchKind { model, rotation };
@@ -25,14 +28,21 @@ std::string_view to_string(NormKind value);
 std::string_view to_string(InitKind value);
 std::string_view to_string(BlockKind value);
 std::string_view to_string(SublayerKind value);
+std::string_view to_string(FfnKind value);
 std::string_view to_string(BranchKind value);
 // The inverses of to_string; each throws InputError listing the valid names.
 BlockKind parse_block_kind(std::string_view name);
 NormKind parse_norm_kind(std::string_view name);
 InitKind parse_init_kind(std::string_view name);
+FfnKind parse_ffn_kind(std::string_view name);
+struct ModelConfig;
+// --init NAME or normal:STD (STD defaults to 0.02): sets init and init_std, or throws InputError.
+void set_init(ModelConfig& config, std::string_view text);
+// The --init text that reproduces config's init ("xavier", "normal:0.02").
+std::string init_text(const ModelConfig& config);
 Precision parse_precision(std::string_view name);
 
-// Every norm's epsilon (RMSNorm and LayerNorm, as in LLaMA's RMSNorm).
+// Every norm's default epsilon (RMSNorm and LayerNorm, as in LLaMA's RMSNorm); --norm-eps sets it.
 inline constexpr double kNormEps = 1e-6;
 // DyT's initial alpha: y = gamma * tanh(alpha * x) (Zhu et al. 2025, arXiv 2503.10622, Sec. 4).
 inline constexpr double kDytAlpha = 0.5;
@@ -54,11 +64,20 @@ struct ModelConfig {
   BlockKind block = BlockKind::attn_ffn;
   NormKind norm = NormKind::rms;
   InitKind init = InitKind::xavier;
+  double init_std = 0.02;  // --init normal:STD: every matrix N(0, STD^2), as HF's initializer_range
   Precision precision = Precision::f32;
   BranchKind branch = BranchKind::model;
   std::uint64_t seed = 0;
   int probes = 1;
   double input_corr = 0.0;
+  // The block's ops (issue 19); the defaults are the GPT-2-like block.
+  FfnKind ffn = FfnKind::gelu;  // --ffn
+  int ffn_hidden_width = 0;     // --ffn-hidden: the FFN's hidden width; 0 means kFfnMultiple * width
+  double rope_theta = 0.0;      // --rope-theta: rotary base (Su et al. 2021); 0 means no rotary embedding
+  double rope_fraction = 1.0;   // --rope-fraction: the leading fraction of each head's dims rotated
+  int kv_heads = 0;             // --kv-heads: key/value heads (Ainslie et al. 2023); 0 means = heads
+  bool bias = false;            // --bias: a bias on every projection, zero at init
+  double norm_eps = kNormEps;   // --norm-eps: every norm's epsilon
   // Placement options given by the user (--alpha, --keel-variant, ...), by PlacementOption::key;
   // an absent key means "the placement's own default".
   std::map<std::string, OptionValue, std::less<>> options;
@@ -70,7 +89,12 @@ struct ModelConfig {
   int sublayers_per_block() const { return block == BlockKind::attn_ffn ? 2 : 1; }
   int sublayers() const { return blocks * sublayers_per_block(); }
   int head_dim() const { return width / heads; }
-  int ffn_hidden() const { return kFfnMultiple * width; }
+  int ffn_hidden() const { return ffn_hidden_width > 0 ? ffn_hidden_width : kFfnMultiple * width; }
+  int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  int kv_width() const { return kv_head_count() * head_dim(); }  // the columns of W_K and W_V
+  // Dims of each head that rotary embeddings rotate: the leading rope_fraction of head_dim, even;
+  // 0 when rope_theta is 0.
+  int rotary_dims() const;
   SublayerKind sublayer_kind(int sublayer) const;
   int block_of(int sublayer) const { return sublayer / sublayers_per_block(); }
   // A given option's value; nullopt when it was not given (or is of the other type).
@@ -82,7 +106,7 @@ struct ModelConfig {
 // product below stays far inside 64 bits, and S = 2 B fits an int with room to spare. Real runs
 // are limited much earlier by the memory check (estimated_memory_bytes).
 inline constexpr int kMaxBlocks = 1 << 24;  // --depth
-inline constexpr int kMaxWidth = 1 << 20;   // --width (the FFN's hidden width is 4 d)
+inline constexpr int kMaxWidth = 1 << 20;   // --width and --ffn-hidden
 inline constexpr int kMaxSeq = 1 << 20;     // --seq
 inline constexpr int kMaxProbes = 4096;     // --probes
 

@@ -72,6 +72,16 @@ class SublayerGraph {
   double ffn_hidden_scale_ = 1.0;
 };
 
+// The block's ops as --ffn, --kv-heads, --rope-theta/--rope-fraction and --norm-eps set them.
+struct BlockOps {
+  FfnKind ffn = FfnKind::gelu;
+  int kv_heads = 0;  // 0: = heads
+  double rope_theta = 0.0;
+  int rotary_dims = 0;  // 0: no rotary embedding
+  double norm_eps = kNormEps;
+};
+BlockOps block_ops(const ModelConfig& config);
+
 // What the branch node F needs besides its input.
 template <typename Scalar>
 struct BranchContext {
@@ -81,6 +91,7 @@ struct BranchContext {
   int heads = 1;
   const SublayerWeights<Scalar>* weights = nullptr;
   ShardPair* shards = nullptr;  // the branch's two shards run on two cores when set
+  BlockOps ops{};
 };
 
 // What the backward pass already knows about a sublayer's outputs when it recomputes the
@@ -140,7 +151,9 @@ class GraphExecutor {
 
  private:
   AttentionOptions attention_options(const SublayerGraph& graph, const BranchContext<Scalar>& context) const;
-  static FfnOptions ffn_options(const SublayerGraph& graph) { return {graph.ffn_hidden_scale()}; }
+  static FfnOptions ffn_options(const SublayerGraph& graph, const BranchContext<Scalar>& context) {
+    return {graph.ffn_hidden_scale(), context.ops.ffn};
+  }
 
   void run_forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
                    const BranchContext<Scalar>& context, const KnownOutputs<Scalar>* known);

@@ -26,7 +26,8 @@ using Vec = Eigen::Matrix<Scalar, Eigen::Dynamic, 1>;
 //   dyt:   y = tanh(alpha x), alpha = kDytAlpha               (Zhu et al. 2025, arXiv 2503.10622)
 // inv_scale (T, groups) holds 1 / sqrt(. + eps); unused by dyt.
 template <typename Scalar>
-void norm_forward(NormKind kind, int groups, const Mat<Scalar>& x, Mat<Scalar>& y, Mat<Scalar>& inv_scale);
+void norm_forward(NormKind kind, int groups, const Mat<Scalar>& x, Mat<Scalar>& y, Mat<Scalar>& inv_scale,
+                  double eps = kNormEps);
 template <typename Scalar>
 void norm_backward(NormKind kind, int groups, const Mat<Scalar>& y, const Mat<Scalar>& inv_scale,
                    const Mat<Scalar>& dy, Mat<Scalar>& dx);
@@ -46,13 +47,41 @@ void gelu_forward(const Mat<Scalar>& x, Mat<Scalar>& y);
 template <typename Scalar>
 void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx);
 
+// SiLU (Swish-1): silu(x) = x sigmoid(x) (Elfwing et al. 2018, arXiv 1702.03118; Ramachandran et
+// al. 2017, arXiv 1710.05941), SwiGLU's gate activation.
+template <typename Scalar>
+void silu_forward(const Mat<Scalar>& x, Mat<Scalar>& y);
+template <typename Scalar>
+void silu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx);
+
 // ---------------------------------------------------------------------------------------------
-// Weights of one sublayer; y = x W with W (d_in, d_out). Only the sublayer kind's matrices are set.
+// Rotary position embeddings (Su et al. 2021, RoFormer, arXiv 2104.09864, Eq. 34), in the
+// half-split layout of GPT-NeoX and HF's rotate_half: within each head's first `rotary_dims`
+// dims, the pair (i, i + rotary_dims/2) of the token at position p is rotated by the angle
+// p theta^(-2i/rotary_dims). The remaining dims of a head pass through (partial rotary).
+template <typename Scalar>
+struct RotaryTable {
+  Mat<Scalar> cos, sin;  // (T, rotary_dims / 2)
+  int rotary_dims = 0;
+};
+// The table for positions first_position .. first_position + tokens - 1 (angles in double).
+template <typename Scalar>
+void rotary_table(int tokens, int rotary_dims, double theta, int first_position, RotaryTable<Scalar>& table);
+// Rotates x (rows K*T, `heads` heads) in place; row r is at position r % T. inverse = true
+// rotates by minus the angle: the transpose, i.e. the backward (and the JVP is the forward).
+template <typename Scalar>
+void rotary_apply(const RotaryTable<Scalar>& table, int heads, bool inverse, Mat<Scalar>& x);
+
+// ---------------------------------------------------------------------------------------------
+// Weights of one sublayer; y = x W + b with W (d_in, d_out). Only the sublayer kind's matrices
+// are set; the biases only with --bias (zero at init, as HF's nn.Linear biases under _init_weights).
 template <typename Scalar>
 struct SublayerWeights {
-  Mat<Scalar> w_q, w_k, w_v, w_o;  // attention, each (d, d)
-  Mat<Scalar> w_1;                 // FFN up, (d, 4d)
-  Mat<Scalar> w_2;                 // FFN down, (4d, d)
+  Mat<Scalar> w_q, w_k, w_v, w_o;  // attention: W_Q, W_O (d, d); W_K, W_V (d, kv_heads * head_dim)
+  Mat<Scalar> w_1;                 // FFN up, (d, hidden)
+  Mat<Scalar> w_3;                 // FFN gate of swiglu / geglu, (d, hidden); empty for gelu
+  Mat<Scalar> w_2;                 // FFN down, (hidden, d)
+  Vec<Scalar> b_q, b_k, b_v, b_o, b_1, b_3, b_2;  // the projections' biases; empty without --bias
 };
 
 // Squared Frobenius norms of dL/dW summed over the sublayer's matrices, one entry per probe.
@@ -111,21 +140,32 @@ enum class QkvNorm {
   full_qk,          // OLMo 2: N over the full q and k (arXiv 2501.00656, Sec. 3.3)
   per_head_qk_unit  // nGPT: unit-normalised q and k per head (arXiv 2410.01131, Eq. 15-16)
 };
+// Grouped-query attention (Ainslie et al. 2023, arXiv 2305.13245): K and V have kv_heads heads,
+// each shared by heads / kv_heads consecutive query heads (HF's repeat_kv). Rotary embeddings
+// rotate q and k after the projection and after any q/k norm (HF Llama, Qwen3, OLMo 2).
 struct AttentionOptions {
   int heads = 1;
   NormKind norm = NormKind::rms;  // the kind used by per_head_qkv and full_qk
   QkvNorm qkv_norm = QkvNorm::none;
   double score_scale = 1.0;  // 1/sqrt(d_h) usually; sqrt(d_h) for nGPT
+  int kv_heads = 0;          // 0: = heads
+  double norm_eps = kNormEps;
+  double rope_theta = 0.0;  // 0: no rotary embedding
+  int rotary_dims = 0;      // dims rotated per head (even)
+  int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
 };
 template <typename Scalar>
-struct AttentionCache {             // what the forward saves for the backward, plus backward scratch
-  Mat<Scalar> q_raw, k_raw, v_raw;  // (T, d) scratch: projections before any q/k/v norm
-  Mat<Scalar> q, k, v;              // (T, d) after it
-  Mat<Scalar> q_inv, k_inv, v_inv;  // norm statistics
-  std::vector<Mat<Scalar>> probs;   // heads x (T, T) softmax outputs
-  Mat<Scalar> context;              // (T, d) concatenated head outputs
+struct AttentionCache {                  // what the forward saves for the backward, plus backward scratch
+  Mat<Scalar> q_raw, k_raw, v_raw;       // (T, d) scratch: projections before any q/k/v norm
+  Mat<Scalar> q, k, v;                   // (T, d) after it (and after rotary embeddings); k, v (T, kv width)
+  Mat<Scalar> q_unrotated, k_unrotated;  // (T, .) q and k before rotary embeddings, when used
+  RotaryTable<Scalar> rotary;
+  Mat<Scalar> q_inv, k_inv, v_inv;              // norm statistics
+  std::vector<Mat<Scalar>> probs;               // heads x (T, T) softmax outputs
+  Mat<Scalar> context;                          // (T, d) concatenated head outputs
   Mat<Scalar> d_context, d_q, d_k, d_v, d_raw;  // (K*T, d) scratch
   Mat<Scalar> d_q_raw, d_k_raw, d_v_raw;        // (K*T, d) scratch of the normalised projections
+  Mat<Scalar> d_k_shared, d_v_shared;           // (K*T, kv width) grouped-query sums over each group
   Mat<Scalar> d_probs[2], d_scores[2];          // (T, T) scratch, one per shard
   Mat<Scalar> grams[2][2];                      // each shard's (T, T) Gram scratch
   std::vector<Mat<Scalar>> shared_grams;        // shared_input_grams: x's, then d_out's per probe
@@ -152,18 +192,24 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
                    AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out);
 
 // ---------------------------------------------------------------------------------------------
-// Feed-forward: out = gelu(s x W_1) W_2, hidden 4d, no biases (Vaswani et al. 2017, Eq. 2), with
-// s = hidden_scale on the hidden pre-activation (1 usually; nGPT's s_uv = sqrt(d) at init).
+// Feed-forward: out = gelu(s x W_1) W_2 (Vaswani et al. 2017, Eq. 2), or gated (Shazeer 2020,
+// arXiv 2002.05202, Eq. 5-6): out = (act(s x W_1) * (s x W_3)) W_2 with act = SiLU (SwiGLU) or
+// GELU (GeGLU); s = hidden_scale on the hidden pre-activations (1 usually; nGPT's s_uv = sqrt(d)
+// at init). With biases, x W + b in place of each x W.
 struct FfnOptions {
   double hidden_scale = 1.0;  // nGPT: NVIDIA/ngpt model.py, Block.forward, `uv = suv * uv`
+  FfnKind kind = FfnKind::gelu;
 };
 template <typename Scalar>
 struct FfnCache {
-  Mat<Scalar> hidden_pre;                            // (T, 4d) s x W_1
-  Mat<Scalar> hidden;                                // (T, 4d) gelu(s x W_1)
-  Mat<Scalar> d_hidden, d_hidden_pre;                // (K*T, 4d) scratch
+  Mat<Scalar> hidden_pre;                            // (T, hidden) s x W_1
+  Mat<Scalar> hidden;                                // (T, hidden) gelu(s x W_1), or act(.) * gate
+  Mat<Scalar> gate_pre, activated;                   // gated only: (T, hidden) s x W_3 and act(s x W_1)
+  Mat<Scalar> gate_slope;                            // gated only: (T, hidden) act'(s x W_1) * gate
+  Mat<Scalar> d_gate_pre;                            // gated only: (K*T, hidden) scratch
+  Mat<Scalar> d_hidden, d_hidden_pre;                // (K*T, hidden) scratch
   Mat<Scalar> hidden_grams[2];                       // each shard's (T, T) Gram of its hidden units
-  std::vector<Mat<Scalar>> pre_grams[2];             // each shard's d(x W_1) Grams, one per probe
+  std::vector<Mat<Scalar>> pre_grams[2];             // each shard's d(x W_1) (+ d(x W_3)) Grams per probe
   std::vector<Mat<Scalar>> shared_grams;             // shared_input_grams: x's, then d_out's per probe
   Eigen::Array<Scalar, 1, Eigen::Dynamic> slope[2];  // each shard's row of GELU slopes
   ShardPartials<Scalar> partials;

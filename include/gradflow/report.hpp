@@ -50,6 +50,9 @@ void add_run_config_options(nlohmann::ordered_json& config, const Architecture& 
                             const ModelConfig& model);
 // The keys whose difference makes two runs incomparable: compared fields, then in_run_config options.
 std::vector<std::string> compared_config_keys();
+// A recorded config's value of `key`: as written, else (for fields added after the document's
+// version, such as issue 19's ffn or kv_heads) the default configuration's value, else null.
+nlohmann::ordered_json recorded_config_value(const nlohmann::ordered_json& config, std::string_view key);
 // The flag that sets a config key or placement option, for advice; the key itself when none does.
 std::string config_flag(std::string_view key);
 

@@ -40,7 +40,7 @@ std::string unknown_subcommand(const CLI::App& app, const std::vector<std::strin
 // --width and the seeds, which each subcommand declares in its own shape.
 struct ModelOptions {
   ModelConfig model;
-  std::string block = "attn-ffn", norm = "rms", init = "xavier", precision = "f32";
+  std::string block = "attn-ffn", norm = "rms", init = "xavier", precision = "f32", ffn = "gelu";
   bool ideal_branch = false;
   // The placement options' flags (PlacementOption), by key; a value only when the flag is given.
   std::map<std::string, std::optional<double>, std::less<>> numbers;

@@ -86,10 +86,13 @@ json read_cell(const std::string& path, const SweepCell& cell, const json& manif
     for (const ConfigField& shared : config_fields()) {
       if (!shared.in_sweep_model || !shared.compared) continue;
       const std::string field(shared.key);
-      if (config.at(field) != manifest.at("model").at(field)) {
+      const json cell_value = recorded_config_value(config, field),
+                 sweep_value = recorded_config_value(manifest.at("model"), field);
+      if (cell_value.is_null())
+        throw InputError(fmt::format("{}: not a gradflow cell document (config lacks {:?})", path, field));
+      if (cell_value != sweep_value) {
         throw InputError(fmt::format("{} has {} {} but the sweep has {} {}; it belongs to another sweep",
-                                     path, field, config.at(field).dump(), field,
-                                     manifest.at("model").at(field).dump()));
+                                     path, field, cell_value.dump(), field, sweep_value.dump()));
       }
     }
   } catch (const json::exception& error) {

@@ -19,6 +19,27 @@ void add_placement_options(CLI::App* sub, ModelOptions& options) {
     added->default_str(option->shown_default());
   }
 }
+
+// The block's ops (issue 19): FFN kind and width, rotary embeddings, key/value heads, biases, eps.
+void add_block_op_options(CLI::App* sub, ModelConfig& m, ModelOptions& options) {
+  sub->add_option("--ffn", options.ffn,
+                  "Feed-forward: gelu (GELU MLP), swiglu or geglu (gated, with a third matrix W_3)")
+      ->check(CLI::IsMember({"gelu", "swiglu", "geglu"}))
+      ->default_str("gelu");
+  sub->add_option("--ffn-hidden", m.ffn_hidden_width, "FFN hidden width (units); 0 means 4 x --width")
+      ->default_str("0");
+  sub->add_option("--kv-heads", m.kv_heads,
+                  "Key/value heads for grouped-query attention (must divide --heads); 0 means --heads")
+      ->default_str("0");
+  sub->add_option("--rope-theta", m.rope_theta,
+                  "Rotary position embedding base theta (e.g. 10000); 0 means no position embedding")
+      ->default_str("0");
+  sub->add_option("--rope-fraction", m.rope_fraction,
+                  "Fraction of each head's dims rotated by rotary embeddings, in (0, 1]")
+      ->default_str("1");
+  sub->add_flag("--bias", m.bias, "A bias on every projection (q, k, v, out, FFN), zero at init");
+  sub->add_option("--norm-eps", m.norm_eps, "Epsilon of every RMSNorm / LayerNorm")->default_str("1e-06");
+}
 }  // namespace
 
 void add_model_options(CLI::App* sub, ModelOptions& options) {
@@ -32,8 +53,10 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
       ->check(CLI::IsMember({"rms", "layer", "dyt"}));
   sub->add_option(
          "--init", options.init,
-         "Base init: xavier, gpt2 (0.02, out-proj / sqrt(2B)) or small (sqrt(2/5d), out-proj / sqrt(2B))")
-      ->check(CLI::IsMember({"xavier", "gpt2", "small"}));
+         "Base init: xavier, gpt2 (0.02, out-proj / sqrt(2B)), small (sqrt(2/5d), out-proj / sqrt(2B)) "
+         "or normal:STD (every matrix N(0, STD^2), a config's initializer_range; STD 0.02 if omitted)")
+      ->default_str("xavier");
+  add_block_op_options(sub, m, options);
   sub->add_option("--precision", options.precision,
                   "Arithmetic: f32 or f64 (gradient logs are always accumulated in double)")
       ->check(CLI::IsMember({"f32", "f64"}));
@@ -56,7 +79,8 @@ ModelConfig resolve_model(const ModelOptions& options) {
   if (options.ideal_branch) model.branch = BranchKind::rotation;
   model.block = parse_block_kind(options.block);
   model.norm = parse_norm_kind(options.norm);
-  model.init = parse_init_kind(options.init);
+  set_init(model, options.init);
+  model.ffn = parse_ffn_kind(options.ffn);
   model.precision = parse_precision(options.precision);
   validate(model);
   return model;

@@ -100,55 +100,151 @@ void shared_input_grams(int shard, const Mat<Scalar>& x, const Mat<Scalar>& d_ou
   }
 }
 
-// Shard s owns hidden units [begin, end): columns of W_1 and rows of W_2 (Megatron-LM's split,
-// arXiv 1909.08053 Sec. 3), so each shard's output is a partial sum and nothing is exchanged
+// The gate's activation act(x) on a block of rows: SiLU for swiglu, GELU for geglu.
+template <typename Scalar, typename In, typename Out>
+void gate_activation_rows(FfnKind kind, const In& x, Out&& y) {
+  if (kind == FfnKind::geglu) return gelu_forward_rows<Scalar>(x, y);
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {  // silu(x) = x sigmoid(x) (Elfwing et al. 2018)
+    const auto in = x.row(r).array();
+    y.row(r).array() = in / (Scalar(1) + (-in).exp());
+  }
+}
+
+// slope = act'(pre) * gate, the gated unit's d hidden / d pre, token by token (T, n):
+// gelu' = Phi(x) + x phi(x); silu' = sigmoid(x) (1 + x (1 - sigmoid(x))).
+template <typename Scalar, typename In, typename Out>
+void gate_slope_rows(FfnKind kind, const In& pre, const In& gate, Out&& slope) {
+  const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
+  const Scalar inv_sqrt_2pi = static_cast<Scalar>(1.0 / std::sqrt(2.0 * std::numbers::pi));
+  for (Eigen::Index r = 0; r < pre.rows(); ++r) {
+    const auto in = pre.row(r).array();
+    if (kind == FfnKind::geglu) {
+      slope.row(r).array() = (Scalar(0.5) * (Scalar(1) + (in * inv_sqrt2).erf()) +
+                              in * inv_sqrt_2pi * (Scalar(-0.5) * in.square()).exp()) *
+                             gate.row(r).array();
+    } else {
+      const Eigen::Array<Scalar, 1, Eigen::Dynamic> sigmoid = Scalar(1) / (Scalar(1) + (-in).exp());
+      slope.row(r).array() = sigmoid * (Scalar(1) + in * (Scalar(1) - sigmoid)) * gate.row(r).array();
+    }
+  }
+}
+
+// dx = dy * factors row by row, dy holding K probes of the factors' T rows.
+template <typename Factors, typename DOut, typename DIn>
+void multiply_probe_rows(const Factors& factors, const DOut& dy, DIn&& dx) {
+  const Eigen::Index tokens = factors.rows();
+  for (Eigen::Index row = 0; row < dy.rows(); ++row) {
+    dx.row(row).array() = dy.row(row).array() * factors.row(row % tokens).array();
+  }
+}
+
+// Adds ||sum over tokens of dY_k||^2 per probe k, the squared gradient of a bias b in y = x W + b.
+template <typename Scalar, typename DOut>
+void add_bias_grad_squares(const DOut& d_out, Eigen::Index tokens, std::vector<double>& squares) {
+  for (std::size_t k = 0; k < squares.size(); ++k) {
+    const auto rows = d_out.middleRows(static_cast<Eigen::Index>(k) * tokens, tokens);
+    squares[k] += rows.template cast<double>().colwise().sum().squaredNorm();
+  }
+}
+
+// Shard s owns hidden units [begin, end): columns of W_1 (and W_3) and rows of W_2 (Megatron-LM's
+// split, arXiv 1909.08053 Sec. 3), so each shard's output is a partial sum and nothing is exchanged
 // until the end.
 // The hidden scale s multiplies the product x W_1 (not W_1 itself), so dL/dW_1 = s x^T dL/d(s x W_1)
 // as in nGPT, where s_uv is a parameter of its own; s = 1 skips the multiplication (same bits).
+// A gated FFN scales both x W_1 and x W_3, as nGPT's s_uv scales both halves of uv.
 template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
                  FfnCache<Scalar>& cache, Mat<Scalar>& out, ShardPair* shards, bool with_output) {
   const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols();
   const Scalar hidden_scale = static_cast<Scalar>(options.hidden_scale);
-  cache.hidden_pre.resize(tokens, hidden);  // (T, 4d) s x W_1
-  cache.hidden.resize(tokens, hidden);      // gelu(s x W_1)
+  const bool gated = options.kind != FfnKind::gelu, bias = w.b_1.size() > 0;
+  cache.hidden_pre.resize(tokens, hidden);  // (T, hidden) s x W_1
+  cache.hidden.resize(tokens, hidden);      // gelu(s x W_1), or act(s x W_1) * (s x W_3)
+  if (gated) {
+    cache.gate_pre.resize(tokens, hidden);
+    cache.activated.resize(tokens, hidden);
+  }
   run_shards(shards, [&](int shard) {
     const ShardRange units = shard_range(hidden, shard, kShardGranule);
     auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
     multiply(x, w.w_1.middleCols(units.begin, units.size()), pre);
+    if (bias) pre.rowwise() += w.b_1.segment(units.begin, units.size()).transpose();
     if (options.hidden_scale != 1.0) pre *= hidden_scale;
-    gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size()));
+    if (!gated) {
+      gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size()));
+    } else {
+      auto gate = cache.gate_pre.middleCols(units.begin, units.size());
+      multiply(x, w.w_3.middleCols(units.begin, units.size()), gate);
+      if (bias) gate.rowwise() += w.b_3.segment(units.begin, units.size()).transpose();
+      if (options.hidden_scale != 1.0) gate *= hidden_scale;
+      auto activated = cache.activated.middleCols(units.begin, units.size());
+      gate_activation_rows<Scalar>(options.kind, pre, activated);
+      cache.hidden.middleCols(units.begin, units.size()) = (activated.array() * gate.array()).matrix();
+    }
     if (!with_output) return;
     cache.partials.output[shard].resize(tokens, w.w_2.cols());
     multiply(cache.hidden.middleCols(units.begin, units.size()), w.w_2.middleRows(units.begin, units.size()),
              cache.partials.output[shard]);
   });
-  if (with_output) out = cache.partials.output[0] + cache.partials.output[1];  // (T, d)
+  if (!with_output) return;
+  out = cache.partials.output[0] + cache.partials.output[1];  // (T, d)
+  if (bias) out.rowwise() += w.b_2.transpose();
 }
+
+namespace {
+// One shard's dL/d(s x W_1) (and dL/d(s x W_3) when gated) from its dL/d hidden, scaled by s.
+template <typename Scalar, typename Block>
+void ffn_hidden_backward(const FfnOptions& options, FfnCache<Scalar>& cache, int shard, ShardRange units,
+                         const Block& d_hidden) {
+  const auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
+  auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size());
+  const Scalar hidden_scale = static_cast<Scalar>(options.hidden_scale);
+  if (options.kind == FfnKind::gelu) {
+    gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, cache.slope[shard]);
+  } else {  // d(a * g) = g a'(pre) d pre + a d gate
+    const auto gate = cache.gate_pre.middleCols(units.begin, units.size());
+    auto slope = cache.gate_slope.middleCols(units.begin, units.size());
+    gate_slope_rows<Scalar>(options.kind, pre, gate, slope);
+    multiply_probe_rows(slope, d_hidden, d_pre);
+    auto d_gate = cache.d_gate_pre.middleCols(units.begin, units.size());
+    multiply_probe_rows(cache.activated.middleCols(units.begin, units.size()), d_hidden, d_gate);
+    if (options.hidden_scale != 1.0) d_gate *= hidden_scale;
+  }
+  if (options.hidden_scale != 1.0) d_pre *= hidden_scale;  // now dL/d(x W_1)
+}
+}  // namespace
 
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
                   FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>& dx,
                   ParamGradSquares* param_grads, ShardPair* shards, std::vector<double>* output_dots) {
   const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols(), rows = d_out.rows();
-  const Scalar hidden_scale = static_cast<Scalar>(options.hidden_scale);
   const Eigen::Index probes = rows / tokens;
+  const bool gated = options.kind != FfnKind::gelu, bias = w.b_1.size() > 0;
+  const Eigen::Index pre_gram_count = gated ? 2 * probes : probes;  // d(x W_1)'s, then d(x W_3)'s
   cache.d_hidden.resize(rows, hidden);
   cache.d_hidden_pre.resize(rows, hidden);
+  if (gated) {
+    cache.d_gate_pre.resize(rows, hidden);
+    cache.gate_slope.resize(tokens, hidden);
+  }
   if (param_grads) {
     cache.shared_grams.resize(1 + probes);
-    for (auto& grams : cache.pre_grams) grams.resize(probes);
+    for (auto& grams : cache.pre_grams) grams.resize(pre_gram_count);
   }
   run_shards(shards, [&](int shard) {
     const ShardRange units = shard_range(hidden, shard, kShardGranule);
-    const auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
     auto d_hidden = cache.d_hidden.middleCols(units.begin, units.size());
-    auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size());
+    const auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size());
+    const auto d_gate = cache.d_gate_pre.middleCols(gated ? units.begin : 0, gated ? units.size() : 0);
     multiply_transposed(d_out, w.w_2.middleRows(units.begin, units.size()), d_hidden);  // (K*T, n)
-    gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, cache.slope[shard]);
-    if (options.hidden_scale != 1.0) d_pre *= hidden_scale;  // now dL/d(x W_1)
+    ffn_hidden_backward(options, cache, shard, units, d_hidden);
     cache.partials.output[shard].resize(rows, x.cols());
     multiply_transposed(d_pre, w.w_1.middleCols(units.begin, units.size()), cache.partials.output[shard]);
+    if (gated)
+      multiply_transposed(d_gate, w.w_3.middleCols(units.begin, units.size()), cache.partials.output[shard],
+                          true);
     if (output_dots) {  // <d_out, H W_2> = <d_out W_2^T, H> over this shard's units
       auto& dots = cache.partials.output_dots[shard];
       dots.assign(probes, 0.0);
@@ -163,17 +259,24 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
     lower_gram<Scalar>(cache.hidden.middleCols(units.begin, units.size()), cache.hidden_grams[shard]);
     for (Eigen::Index k = 0; k < probes; ++k) {
       lower_gram<Scalar>(d_pre.middleRows(k * tokens, tokens), cache.pre_grams[shard][k]);
+      if (gated)
+        lower_gram<Scalar>(d_gate.middleRows(k * tokens, tokens), cache.pre_grams[shard][probes + k]);
     }
+    if (!bias) return;
+    add_bias_grad_squares<Scalar>(d_pre, tokens, cache.partials.param_grads[shard]);
+    if (gated) add_bias_grad_squares<Scalar>(d_gate, tokens, cache.partials.param_grads[shard]);
+    if (shard == 0) add_bias_grad_squares<Scalar>(d_out, tokens, cache.partials.param_grads[shard]);  // b_2
   });
   if (param_grads) {
-    // ||dW_2||^2 = <H H^T, dY dY^T> and ||dW_1||^2 = <X X^T, dH dH^T>, each over a shard's units,
-    // once both shards' Grams are complete.
+    // ||dW_2||^2 = <H H^T, dY dY^T> and ||dW_1||^2 = <X X^T, dH dH^T> (and W_3's likewise), each
+    // over a shard's units, once both shards' Grams are complete.
     const auto& x_gram = cache.shared_grams[0];
     for (int shard = 0; shard < ShardPair::kShards; ++shard) {
       auto& squares = cache.partials.param_grads[shard];
       for (Eigen::Index k = 0; k < probes; ++k) {
-        squares[k] = symmetric_inner(cache.hidden_grams[shard], cache.shared_grams[1 + k]);
+        squares[k] += symmetric_inner(cache.hidden_grams[shard], cache.shared_grams[1 + k]);
         squares[k] += symmetric_inner(x_gram, cache.pre_grams[shard][k]);
+        if (gated) squares[k] += symmetric_inner(x_gram, cache.pre_grams[shard][probes + k]);
       }
     }
   }
@@ -183,11 +286,22 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
 template <typename Scalar>
 void ffn_jvp(const SublayerWeights<Scalar>& w, const FfnOptions& options, FfnCache<Scalar>& cache,
              const Mat<Scalar>& d_x, Mat<Scalar>& d_out) {
-  cache.d_hidden.noalias() = d_x * w.w_1;  // (P*T, 4d)
+  cache.d_hidden.noalias() = d_x * w.w_1;  // (P*T, hidden)
   if (options.hidden_scale != 1.0) cache.d_hidden *= static_cast<Scalar>(options.hidden_scale);
-  cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
-  gelu_backward(cache.hidden_pre, cache.d_hidden, cache.d_hidden_pre);  // GELU's Jacobian is diagonal
-  d_out.noalias() = cache.d_hidden_pre * w.w_2;                         // (P*T, d)
+  if (options.kind == FfnKind::gelu) {
+    cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
+    gelu_backward(cache.hidden_pre, cache.d_hidden, cache.d_hidden_pre);  // GELU's Jacobian is diagonal
+  } else {  // d(a * g) = g a'(pre) d pre + a d gate, with d gate = s d_x W_3
+    cache.gate_slope.resize(cache.hidden_pre.rows(), cache.hidden_pre.cols());
+    gate_slope_rows<Scalar>(options.kind, cache.hidden_pre, cache.gate_pre, cache.gate_slope);
+    cache.d_gate_pre.noalias() = d_x * w.w_3;
+    if (options.hidden_scale != 1.0) cache.d_gate_pre *= static_cast<Scalar>(options.hidden_scale);
+    cache.d_hidden_pre.resize(cache.d_hidden.rows(), cache.d_hidden.cols());
+    multiply_probe_rows(cache.gate_slope, cache.d_hidden, cache.d_hidden_pre);
+    multiply_probe_rows(cache.activated, cache.d_gate_pre, cache.d_gate_pre);
+    cache.d_hidden_pre += cache.d_gate_pre;
+  }
+  d_out.noalias() = cache.d_hidden_pre * w.w_2;  // (P*T, d)
 }
 
 template <typename Scalar>

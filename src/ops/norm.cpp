@@ -6,9 +6,10 @@
 namespace gradflow {
 
 template <typename Scalar>
-void norm_forward(NormKind kind, int groups, const Mat<Scalar>& x, Mat<Scalar>& y, Mat<Scalar>& inv_scale) {
+void norm_forward(NormKind kind, int groups, const Mat<Scalar>& x, Mat<Scalar>& y, Mat<Scalar>& inv_scale,
+                  double norm_eps) {
   const Eigen::Index tokens = x.rows(), group_size = x.cols() / groups;
-  const Scalar eps = static_cast<Scalar>(kNormEps), alpha = static_cast<Scalar>(kDytAlpha);
+  const Scalar eps = static_cast<Scalar>(norm_eps), alpha = static_cast<Scalar>(kDytAlpha);
   y.resize(x.rows(), x.cols());
   inv_scale.resize(tokens, groups);
   for (Eigen::Index t = 0; t < tokens; ++t) {
@@ -102,12 +103,12 @@ void unit_rows_backward(int groups, const Mat<Scalar>& y, const Mat<Scalar>& inv
   }
 }
 
-#define GRADFLOW_INSTANTIATE_NORM(Scalar)                                                                   \
-  template void norm_forward<Scalar>(NormKind, int, const Mat<Scalar>&, Mat<Scalar>&, Mat<Scalar>&);        \
-  template void norm_backward<Scalar>(NormKind, int, const Mat<Scalar>&, const Mat<Scalar>&,                \
-                                      const Mat<Scalar>&, Mat<Scalar>&);                                    \
-  template void unit_rows_forward<Scalar>(int, const Mat<Scalar>&, Mat<Scalar>&, Mat<Scalar>&);             \
-  template void unit_rows_backward<Scalar>(int, const Mat<Scalar>&, const Mat<Scalar>&, const Mat<Scalar>&, \
+#define GRADFLOW_INSTANTIATE_NORM(Scalar)                                                                    \
+  template void norm_forward<Scalar>(NormKind, int, const Mat<Scalar>&, Mat<Scalar>&, Mat<Scalar>&, double); \
+  template void norm_backward<Scalar>(NormKind, int, const Mat<Scalar>&, const Mat<Scalar>&,                 \
+                                      const Mat<Scalar>&, Mat<Scalar>&);                                     \
+  template void unit_rows_forward<Scalar>(int, const Mat<Scalar>&, Mat<Scalar>&, Mat<Scalar>&);              \
+  template void unit_rows_backward<Scalar>(int, const Mat<Scalar>&, const Mat<Scalar>&, const Mat<Scalar>&,  \
                                            Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_NORM(float)
 GRADFLOW_INSTANTIATE_NORM(double)

@@ -1,5 +1,7 @@
 // The model configuration as the documents record it: the one field list that analyze's per-run
 // "config", a sweep's "model", the manifest check and `check`'s comparison all loop over.
+#include <set>
+
 #include "gradflow/architecture.hpp"
 #include "gradflow/report.hpp"
 
@@ -17,17 +19,24 @@ const std::vector<ConfigField>& config_fields() {
       {"width", "--width", [](const ModelConfig& c) { return json(c.width); }, false, true},
       {"heads", "--heads", [](const ModelConfig& c) { return json(c.heads); }, true, true},
       {"head_dim", "--width/--heads", [](const ModelConfig& c) { return json(c.head_dim()); }, false, false},
-      {"ffn_hidden", "--width", [](const ModelConfig& c) { return json(c.ffn_hidden()); }, false, false},
+      {"ffn_hidden", "--ffn-hidden", [](const ModelConfig& c) { return json(c.ffn_hidden()); }, false, true},
       {"seq", "--seq", [](const ModelConfig& c) { return json(c.seq); }, true, true},
       {"norm", "--norm", [](const ModelConfig& c) { return json(to_string(c.norm)); }, true, true},
-      {"norm_eps", "", [](const ModelConfig&) { return json(kNormEps); }, true, false},
-      {"init", "--init", [](const ModelConfig& c) { return json(to_string(c.init)); }, true, true},
+      {"norm_eps", "--norm-eps", [](const ModelConfig& c) { return json(c.norm_eps); }, true, true},
+      {"init", "--init", [](const ModelConfig& c) { return json(init_text(c)); }, true, true},
       {"precision", "--precision", [](const ModelConfig& c) { return json(to_string(c.precision)); }, true,
        true},
       {"branch", "--ideal-branch", [](const ModelConfig& c) { return json(to_string(c.branch)); }, true,
        true},
       {"probes", "--probes", [](const ModelConfig& c) { return json(c.probes); }, true, true},
       {"input_corr", "--input-corr", [](const ModelConfig& c) { return json(c.input_corr); }, true, true},
+      // Issue 19's block ops, after the fields older documents have: absent there means the default.
+      {"ffn", "--ffn", [](const ModelConfig& c) { return json(to_string(c.ffn)); }, true, true},
+      {"kv_heads", "--kv-heads", [](const ModelConfig& c) { return json(c.kv_head_count()); }, true, true},
+      {"rope_theta", "--rope-theta", [](const ModelConfig& c) { return json(c.rope_theta); }, true, true},
+      {"rope_fraction", "--rope-fraction", [](const ModelConfig& c) { return json(c.rope_fraction); }, true,
+       true},
+      {"bias", "--bias", [](const ModelConfig& c) { return json(c.bias); }, true, true},
       {"angles", "--angles", [](const ModelConfig& c) { return json(c.angles_all ? "all" : "consecutive"); },
        false, false},
       {"spectrum", "--spectrum", [](const ModelConfig& c) { return json(c.spectrum); }, false, false},
@@ -38,6 +47,11 @@ const std::vector<ConfigField>& config_fields() {
 }
 
 namespace {
+// Fields that documents written before issue 19 lack; reading one, absent means the default.
+const std::set<std::string, std::less<>> kFieldsAddedLater = {"ffn", "kv_heads", "rope_theta",
+                                                              "rope_fraction", "bias"};
+const ModelConfig kDefaultModel{};
+
 json option_to_json(const OptionValue& value) {
   return std::visit([](const auto& v) { return json(v); }, value);
 }
@@ -91,6 +105,15 @@ std::vector<std::string> compared_config_keys() {
     if (option->in_run_config) keys.emplace_back(option->key);
   }
   return keys;
+}
+
+json recorded_config_value(const json& config, std::string_view key) {
+  const std::string name(key);
+  if (config.contains(name)) return config.at(name);
+  for (const ConfigField& field : config_fields()) {
+    if (field.key == key && kFieldsAddedLater.count(name)) return field.value(kDefaultModel);
+  }
+  return json();
 }
 
 std::string config_flag(std::string_view key) {

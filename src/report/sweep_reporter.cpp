@@ -89,7 +89,7 @@ SweepGrid grid_from_manifest(const json& manifest, const std::string& origin) {
     if (!model.is_object())
       throw InputError(fmt::format("{}: \"model\" is {}, not an object", origin, model.type_name()));
     for (const ConfigField& field : config_fields()) {
-      if (field.in_sweep_model && field.compared && !model.contains(std::string(field.key)))
+      if (field.in_sweep_model && field.compared && recorded_config_value(model, field.key).is_null())
         throw InputError(
             fmt::format("{}: not a gradflow sweep manifest (model lacks {:?})", origin, field.key));
     }

@@ -8,8 +8,8 @@ template <typename Scalar>
 void nudge_weights(const AnalysisHooks& hooks, int sublayer, SublayerWeights<Scalar>& weights) {
   if (!hooks.weight_nudge || hooks.weight_nudge->sublayer != sublayer) return;
   const auto& nudge = *hooks.weight_nudge;
-  Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v,
-                             &weights.w_o, &weights.w_1, &weights.w_2};  // WeightMatrix's order
+  Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o,
+                             &weights.w_1, &weights.w_2, &weights.w_3};  // WeightMatrix's order
   matrices[static_cast<int>(nudge.matrix)]->data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
 }
 }  // namespace
@@ -43,7 +43,8 @@ SublayerContext StackRun<Scalar>::context(int sublayer) const {
 
 template <typename Scalar>
 BranchContext<Scalar> StackRun<Scalar>::branch_context(const SublayerContext& ctx) const {
-  return BranchContext<Scalar>{ctx.kind, config_.branch, config_.norm, config_.heads, nullptr, shards_.get()};
+  return BranchContext<Scalar>{ctx.kind,      config_.branch, config_.norm, config_.heads,
+                               nullptr,       shards_.get(),  block_ops(config_)};
 }
 
 template <typename Scalar>
