@@ -191,17 +191,6 @@ void validate_block_ops(const ModelConfig& config) {
     throw InputError(
         fmt::format("--norm-eps {} must lie in (0, 1); try --norm-eps {}", config.norm_eps, kNormEps));
   }
-  // The ops' numerics land in the next commits; until then their flags accept only the defaults.
-  const ModelConfig defaults;
-  const auto not_yet = [](std::string_view flag) {
-    throw InputError(fmt::format("{} is not implemented in this build; leave it at its default", flag));
-  };
-  if (config.ffn != defaults.ffn) not_yet("--ffn");
-  if (config.rope_theta != 0.0) not_yet("--rope-theta");
-  if (config.kv_head_count() != config.heads) not_yet("--kv-heads");
-  if (config.bias) not_yet("--bias");
-  if (config.init == InitKind::normal) not_yet("--init normal");
-  if (config.norm_eps != kNormEps) not_yet("--norm-eps");
 }
 }  // namespace
 

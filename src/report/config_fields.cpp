@@ -50,7 +50,6 @@ namespace {
 // Fields that documents written before issue 19 lack; reading one, absent means the default.
 const std::set<std::string, std::less<>> kFieldsAddedLater = {"ffn", "kv_heads", "rope_theta",
                                                               "rope_fraction", "bias"};
-const ModelConfig kDefaultModel{};
 
 json option_to_json(const OptionValue& value) {
   return std::visit([](const auto& v) { return json(v); }, value);
@@ -110,8 +109,12 @@ std::vector<std::string> compared_config_keys() {
 json recorded_config_value(const json& config, std::string_view key) {
   const std::string name(key);
   if (config.contains(name)) return config.at(name);
+  if (!kFieldsAddedLater.count(name)) return json();
+  // The default block of the document's own shape: kv_heads absent means its own heads.
+  ModelConfig defaults;
+  if (config.contains("heads") && config.at("heads").is_number_integer()) defaults.heads = config.at("heads");
   for (const ConfigField& field : config_fields()) {
-    if (field.key == key && kFieldsAddedLater.count(name)) return field.value(kDefaultModel);
+    if (field.key == key) return field.value(defaults);
   }
   return json();
 }

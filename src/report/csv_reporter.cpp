@@ -45,7 +45,7 @@ void write_csv(const AnalysisReport& report, std::ostream& out) {
         const bool has_sublayer = l < sublayers;
         const ModelConfig& c = result.config;
         out << result.arch->id << ',' << c.blocks << ',' << sublayers << ',' << c.width << ',' << c.heads
-            << ',' << c.seq << ',' << to_string(c.norm) << ',' << to_string(c.init) << ','
+            << ',' << c.seq << ',' << to_string(c.norm) << ',' << init_text(c) << ','
             << to_string(c.precision) << ',' << seed.seed << ',' << l << ','
             << (has_sublayer ? to_string(seed.kinds[l]) : "") << ','
             << (has_sublayer ? fmt::format("{}", seed.blocks[l]) : "");

@@ -164,7 +164,7 @@ std::string configuration_line(const AnalysisReport& report) {
       seeds == 1 ? fmt::format("seed {}", first.seeds.front().seed)
                  : fmt::format("seeds {}..{}", first.seeds.front().seed, first.seeds.back().seed);
   return fmt::format("depth {} blocks ({}), width {}, heads {}, seq {}, norm {}, init {}, {}{}, {}", c.blocks,
-                     to_string(c.block), c.width, c.heads, c.seq, to_string(c.norm), to_string(c.init),
+                     to_string(c.block), c.width, c.heads, c.seq, to_string(c.norm), init_text(c),
                      to_string(c.precision), c.branch == BranchKind::rotation ? ", ideal branch" : "",
                      seed_text);
 }

@@ -190,6 +190,59 @@ TEST_CASE("ffn and attention give the same bits on two cores as on one") {
       }
     }
   }
+  SUBCASE("gated ffn with biases") {
+    SublayerWeights<float> gated = w;
+    gated.w_3 = random_float(d, 4 * d, 9, 0.1);
+    gated.b_1 = random_float(4 * d, 1, 10, 0.1);
+    gated.b_3 = random_float(4 * d, 1, 11, 0.1);
+    gated.b_2 = random_float(d, 1, 12, 0.1);
+    for (const FfnKind kind : {FfnKind::swiglu, FfnKind::geglu}) {
+      CAPTURE(to_string(kind));
+      const FfnOptions options{1.0, kind};
+      FfnCache<float> one, two;
+      Mat<float> out_one, out_two;
+      ffn_forward(x, gated, options, one, out_one);
+      ffn_forward(x, gated, options, two, out_two, &two_cores);
+      CHECK(same_bits(out_one, out_two));
+      Mat<float> dx_one = Mat<float>::Zero(probes * tokens, d), dx_two = dx_one;
+      ParamGradSquares squares_one, squares_two;
+      ffn_backward(x, gated, options, one, dy, dx_one, &squares_one);
+      ffn_backward(x, gated, options, two, dy, dx_two, &squares_two, &two_cores);
+      CHECK(same_bits(dx_one, dx_two));
+      CHECK(squares_one == squares_two);
+    }
+  }
+  SUBCASE("grouped-query attention with rotary embeddings and biases") {
+    for (const int kv_heads : {1, 2, 4}) {  // 8 query heads: groups of 8, 4 and 2, split across shards
+      CAPTURE(kv_heads);
+      const int head_dim = d / 8;
+      SublayerWeights<float> grouped = w;
+      grouped.w_k = random_float(d, kv_heads * head_dim, 13, 0.15);
+      grouped.w_v = random_float(d, kv_heads * head_dim, 14, 0.15);
+      grouped.b_q = random_float(d, 1, 15, 0.1);
+      grouped.b_k = random_float(kv_heads * head_dim, 1, 16, 0.1);
+      grouped.b_v = random_float(kv_heads * head_dim, 1, 17, 0.1);
+      grouped.b_o = random_float(d, 1, 18, 0.1);
+      AttentionOptions options;
+      options.heads = 8;
+      options.kv_heads = kv_heads;
+      options.qkv_norm = QkvNorm::per_head_qkv;
+      options.score_scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+      options.rope_theta = 10000.0;
+      options.rotary_dims = head_dim;
+      AttentionCache<float> one, two;
+      Mat<float> out_one, out_two;
+      attention_forward(x, grouped, options, one, out_one);
+      attention_forward(x, grouped, options, two, out_two, &two_cores);
+      CHECK(same_bits(out_one, out_two));
+      Mat<float> dx_one = Mat<float>::Zero(probes * tokens, d), dx_two = dx_one;
+      ParamGradSquares squares_one, squares_two;
+      attention_backward(x, grouped, options, one, dy, dx_one, &squares_one);
+      attention_backward(x, grouped, options, two, dy, dx_two, &squares_two, &two_cores);
+      CHECK(same_bits(dx_one, dx_two));
+      CHECK(squares_one == squares_two);
+    }
+  }
 }
 
 TEST_CASE("the Gram identity: ||X^T dY||_F^2 from lower triangles") {

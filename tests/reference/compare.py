@@ -114,9 +114,14 @@ def run_gradflow(args, arch, tmp):
     if args.ideal_branch:
         cmd.append("--ideal-branch")
     for flag, val in (("--alpha", args.alpha), ("--keel-variant", args.keel_variant),
-                      ("--mix-ratio", args.mix_ratio), ("--input-corr", args.input_corr)):
+                      ("--mix-ratio", args.mix_ratio), ("--input-corr", args.input_corr), ("--ffn", args.ffn),
+                      ("--ffn-hidden", args.ffn_hidden), ("--kv-heads", args.kv_heads),
+                      ("--rope-theta", args.rope_theta), ("--rope-fraction", args.rope_fraction),
+                      ("--norm-eps", args.norm_eps)):
         if val is not None:
             cmd += [flag, str(val)]
+    if args.bias:
+        cmd.append("--bias")
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return cmd, p, exp, out
 
@@ -152,7 +157,9 @@ def compare_arch(args, arch, tmp):
     else:
         notes_pre = []
     overrides = {"block": args.block, "norm": args.norm, "heads": args.heads, "keel_variant": args.keel_variant,
-                 "mix_ratio": args.mix_ratio, "alpha": args.alpha}
+                 "mix_ratio": args.mix_ratio, "alpha": args.alpha, "ffn": args.ffn, "kv_heads": args.kv_heads,
+                 "rope_theta": args.rope_theta, "rope_fraction": args.rope_fraction, "norm_eps": args.norm_eps,
+                 "bias": True if args.bias else None}
     try:
         stack, x0, probes, cfg, consts, notes = R.build_from_export(
             exp, qk_norm=args.qk_norm, lns_index=args.lns_index, wrong_variant=args.wrong_variant,
@@ -238,7 +245,15 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block", default="attn-ffn", choices=["attn-ffn", "ffn", "attn"])
     p.add_argument("--norm", default="rms", choices=["rms", "layer", "dyt"])
-    p.add_argument("--init", default="xavier", choices=["xavier", "gpt2", "small"])
+    p.add_argument("--init", default="xavier", help="xavier, gpt2, small or normal:STD")
+    # issue 19's block ops (the reference reads them from the export and checks them against these)
+    p.add_argument("--ffn", choices=["gelu", "swiglu", "geglu"])
+    p.add_argument("--ffn-hidden", type=int)
+    p.add_argument("--kv-heads", type=int)
+    p.add_argument("--rope-theta", type=float)
+    p.add_argument("--rope-fraction", type=float)
+    p.add_argument("--norm-eps", type=float)
+    p.add_argument("--bias", action="store_true")
     p.add_argument("--alpha", type=float)
     p.add_argument("--keel-variant", choices=["v1", "v2"])
     p.add_argument("--mix-ratio", type=float)

@@ -79,20 +79,20 @@ def write_safetensors(path, tensors, metadata=None, dtype="F64"):
 # ----------------------------------------------------------------------------------------------
 # Elementary ops (all per token = per row, [C] "Norms act per token (per row)")
 # ----------------------------------------------------------------------------------------------
-def rms_norm(x):
-    # [C] RMSNorm y = x / sqrt(mean_j x_j^2 + eps), gamma = 1, no bias
-    return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + EPS)
+def rms_norm(x, eps=EPS):
+    # [C] RMSNorm y = x / sqrt(mean_j x_j^2 + eps), gamma = 1, no bias; eps: --norm-eps (issue 19)
+    return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps)
 
 
-def layer_norm(x):
+def layer_norm(x, eps=EPS):
     # [C] LayerNorm y = (x - mean) / sqrt(var + eps) (biased var), gamma = 1, no bias
     mu = x.mean(dim=-1, keepdim=True)
     xc = x - mu
     var = (xc * xc).mean(dim=-1, keepdim=True)
-    return xc / torch.sqrt(var + EPS)
+    return xc / torch.sqrt(var + eps)
 
 
-def dyt(x):
+def dyt(x, eps=None):  # DyT has no epsilon
     # [C] DyT y = tanh(0.5 * x); [A] "gamma tanh(a x), a = 0.5" (Zhu et al. 2025)
     return torch.tanh(0.5 * x)
 
@@ -110,10 +110,42 @@ def gelu(x):
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
-def ffn(x, W, hidden_scale=1.0):
+def linear(x, W, name, bias):
+    # x @ W plus the bias b_<name> when the export has one (issue 19's --bias)
+    out = x @ W["W_" + name]
+    return out + W["b_" + name] if bias and ("b_" + name) in W else out
+
+
+def ffn(x, W, hidden_scale=1.0, kind="gelu"):
     # [C] FFN(x) = gelu(x @ W_1) @ W_2, hidden 4d, no biases; [A] ngpt: "the FFN's hidden
     # pre-activation is scaled by s_uv = sqrt(d) at init" -> gelu(s_uv * (x @ W_1)) @ W_2
-    return gelu(hidden_scale * (x @ W["W_1"])) @ W["W_2"]
+    # Issue 19: Shazeer 2020 (arXiv 2002.05202) Eq. 6: FFN_SwiGLU = (Swish_1(x W) * x V) W_2,
+    # FFN_GEGLU = (GELU(x W) * x V) W_2 with W = W_1, V = W_3, torch's own SiLU and GELU; optional biases.
+    up = hidden_scale * linear(x, W, "1", True)
+    if kind == "gelu":
+        hidden = gelu(up)
+    else:
+        act = torch.nn.functional.silu if kind == "swiglu" else torch.nn.functional.gelu
+        hidden = act(up) * (hidden_scale * linear(x, W, "3", True))
+    return linear(hidden, W, "2", True)
+
+
+def rope_matrices(T, dh, rot, theta):
+    """RoFormer (Su et al. 2021, arXiv 2104.09864) Eq. 15: the block-diagonal rotation R_{Theta,m} with
+    theta_i = theta^(-2(i-1)/rot), here pairing dim i with i + rot/2 (GPT-NeoX / HF rotate_half layout)
+    over the first `rot` dims of a head; the rest pass unchanged. Returns (T, dh, dh) with
+    y_m = x_m @ R[m]."""
+    R = torch.zeros(T, dh, dh, dtype=torch.float64)
+    for m in range(T):
+        R[m] = torch.eye(dh, dtype=torch.float64)
+        for i in range(rot // 2):
+            angle = m * theta ** (-2.0 * i / rot)
+            c, s = math.cos(angle), math.sin(angle)
+            j = i + rot // 2
+            # y_i = x_i cos - x_j sin ; y_j = x_i sin + x_j cos   (row-vector form: y = x @ R)
+            R[m, i, i], R[m, j, i] = c, -s
+            R[m, i, j], R[m, j, j] = s, c
+    return R
 
 
 def split_heads(M, heads):
@@ -135,17 +167,21 @@ def causal_softmax(scores):
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
-def attention(x, W, heads, qk="none", qk_norm=rms_norm):
+def attention(x, W, heads, qk="none", qk_norm=rms_norm, kv_heads=None, rope=None):
     """[C] Attn(X): Q = X W_Q, K = X W_K, V = X W_V; per head softmax(causal(Q_h K_h^T / sqrt(d_h))) V_h;
     concat heads; @ W_O.  Variants (all part of F, [C] "including any q/k/v norms inside attention"):
       qk="qkv-per-head": [A] hybridnorm "per-head RMSNorm on Q, K and V"
       qk="qk-full":      [A] olmo2 "QK-norm over full q and k" (norm over all d columns, before the split)
       qk="ngpt":         [A] ngpt "q, k unit-normalised per head, softmax scale sqrt(d_h)"
+    Issue 19: kv_heads key/value heads (Ainslie et al. 2023, arXiv 2305.13245), each repeated for its
+    heads/kv_heads query heads with repeat_interleave (HF repeat_kv); rope = (theta, rotary dims) rotates
+    q and k after any q/k norm (HF Llama, Qwen3, OLMo 2); biases b_Q, b_K, b_V, b_O when exported.
     """
-    Q, K, V = x @ W["W_Q"], x @ W["W_K"], x @ W["W_V"]
+    kv_heads = kv_heads or heads
+    Q, K, V = linear(x, W, "Q", True), linear(x, W, "K", True), linear(x, W, "V", True)
     if qk == "qk-full":
         Q, K = qk_norm(Q), qk_norm(K)
-    Qh, Kh, Vh = split_heads(Q, heads), split_heads(K, heads), split_heads(V, heads)
+    Qh, Kh, Vh = split_heads(Q, heads), split_heads(K, kv_heads), split_heads(V, kv_heads)
     dh = Qh.shape[-1]
     if qk == "qkv-per-head":
         Qh, Kh, Vh = qk_norm(Qh), qk_norm(Kh), qk_norm(Vh)
@@ -154,8 +190,14 @@ def attention(x, W, heads, qk="none", qk_norm=rms_norm):
         scale = math.sqrt(dh)           # [A] ngpt: softmax scale sqrt(d_h) (multiplies)
     else:
         scale = 1.0 / math.sqrt(dh)     # [C] Q_h K_h^T / sqrt(d_h)
+    if rope is not None:
+        R = rope_matrices(Qh.shape[1], dh, rope[1], rope[0])
+        Qh = torch.einsum("htd,tde->hte", Qh, R)
+        Kh = torch.einsum("htd,tde->hte", Kh, R)
+    Kh = Kh.repeat_interleave(heads // kv_heads, dim=0)
+    Vh = Vh.repeat_interleave(heads // kv_heads, dim=0)
     P = causal_softmax((Qh @ Kh.transpose(-1, -2)) * scale)
-    return merge_heads(P @ Vh) @ W["W_O"]
+    return linear(merge_heads(P @ Vh), W, "O", True)
 
 
 def rotate_pairs(x):
@@ -295,14 +337,17 @@ class Stack:
 
     def __init__(self, arch, weights, heads, block="attn-ffn", norm="rms", constants=None,
                  keel_variant="v2", mix_ratio=0.25, qk_norm="rms", lns_index="block",
-                 wrong_variant=None, branch="model", sublayers=None):
+                 wrong_variant=None, branch="model", sublayers=None, ops=None):
         arch = ALIASES.get(arch, arch)
+        # issue 19's block ops: ffn kind, key/value heads, rotary (theta, dims) or None, norm epsilon
+        self.ops = dict({"ffn": "gelu", "kv_heads": None, "rope": None, "eps": EPS}, **(ops or {}))
         if arch not in ARCHS:
             raise ValueError(f"unknown arch {arch!r}")
         self.arch, self.W, self.heads, self.block = arch, weights, heads, block
-        self.N = NORMS[norm]
+        eps = self.ops["eps"]
+        self.N = lambda x, _n=NORMS[norm]: _n(x, eps)
         # q/k/v norms inside attention: [A] hybridnorm says "per-head RMSNorm"; 'follow' uses --norm
-        self.QN = rms_norm if qk_norm == "rms" else self.N
+        self.QN = (lambda x: rms_norm(x, eps)) if qk_norm == "rms" else self.N
         # branch "rotation" (gradflow --ideal-branch): F(x) = x rotated by +90 degrees in each coordinate
         # pair (2i, 2i+1) -> (-x_{2i+1}, x_{2i}); no weights are exported then.
         self.branch = branch
@@ -338,12 +383,12 @@ class Stack:
             return out.detach() if detach else out
         W = self.W[l]
         if self.kinds[l] == "attn":
-            out = attention(x, W, self.heads, qk, self.QN)
+            out = attention(x, W, self.heads, qk, self.QN, self.ops["kv_heads"], self.ops["rope"])
         elif self.arch == "ngpt":
             # [A] ngpt: s_uv = sqrt(d) (the resolved constant when the export's config gave one)
-            out = ffn(x, W, self.c.get("s_uv", math.sqrt(x.shape[-1])))
+            out = ffn(x, W, self.c.get("s_uv", math.sqrt(x.shape[-1])), self.ops["ffn"])
         else:
-            out = ffn(x, W)
+            out = ffn(x, W, kind=self.ops["ffn"])
         return out.detach() if detach else out
 
     def first_of_kind(self, l):
@@ -743,17 +788,35 @@ def build_from_export(path, qk_norm="rms", lns_index="block", wrong_variant=None
         stack = Stack(arch, weights, heads, block, norm, consts, keel_variant, mix_ratio, qk_norm, lns_index,
                       wrong_variant, branch="rotation", sublayers=S)
         return stack, x0, probes, cfg, consts, notes
+    # issue 19's ops: what the caller asked for wins over the exported config, as for the settings above
+    ops = block_ops({**cfg, **{k: setting(k, [k], None) for k in OPS_KEYS if k in ov}}, heads, d)
+    gated = ops["ffn"] != "gelu"
     for l, Wl in enumerate(weights):
-        want = {"W_Q", "W_K", "W_V", "W_O"} if ("W_Q" in Wl) else {"W_1", "W_2"}
+        want = ({"W_Q", "W_K", "W_V", "W_O"} if ("W_Q" in Wl) else {"W_1", "W_2"} | ({"W_3"} if gated else set()))
+        if cfg.get("bias"):
+            want |= {"b_" + n[2:] for n in want}
         if set(Wl) != want:
             notes.append(f"sublayer {l}: unexpected tensors {sorted(Wl)}")
     stack = Stack(arch, weights, heads, block, norm, consts, keel_variant, mix_ratio, qk_norm, lns_index,
-                  wrong_variant)
+                  wrong_variant, ops=ops)
     for l in range(S):
         has_attn = "W_Q" in weights[l]
         if has_attn != (stack.kinds[l] == "attn"):
             raise ValueError(f"sublayer {l}: weights do not match block kind {block}")
     return stack, x0, probes, cfg, consts, notes
+
+
+OPS_KEYS = ["ffn", "kv_heads", "rope_theta", "rope_fraction", "norm_eps", "bias"]
+
+
+def block_ops(cfg, heads, d):
+    """Issue 19's ops from the exported config (absent keys: the GPT-2-like defaults)."""
+    dh = d // heads
+    theta = float(cfg.get("rope_theta", 0) or 0)
+    rot = int(dh * float(cfg.get("rope_fraction", 1.0)))
+    rot -= rot % 2
+    return {"ffn": cfg.get("ffn", "gelu"), "kv_heads": int(cfg.get("kv_heads", heads) or heads),
+            "rope": (theta, rot) if theta > 0 else None, "eps": float(cfg.get("norm_eps", EPS))}
 
 
 def _num_eq(a, b):

@@ -27,10 +27,11 @@ ArchResult tiny_result(std::string_view arch) {
 
 TEST_CASE("a run's config lists the fields in document order, keel_variant for keel only") {
   const std::vector<std::string> common = {
-      "arch",     "update_rule",    "final_norm", "citation", "provisional", "blocks",     "sublayers",
-      "block",    "width",          "heads",      "head_dim", "ffn_hidden",  "seq",        "norm",
-      "norm_eps", "init",           "precision",  "branch",   "probes",      "input_corr", "angles",
-      "spectrum", "exact_jacobian", "seeds",      "streams",  "constants"};
+      "arch",     "update_rule", "final_norm",    "citation", "provisional", "blocks",     "sublayers",
+      "block",    "width",       "heads",         "head_dim", "ffn_hidden",  "seq",        "norm",
+      "norm_eps", "init",        "precision",     "branch",   "probes",      "input_corr", "ffn",
+      "kv_heads", "rope_theta",  "rope_fraction", "bias",     "angles",      "spectrum",   "exact_jacobian",
+      "seeds",    "streams",     "constants"};
   ArchResult pre_ln;
   pre_ln.arch = &find_architecture("pre-ln");
   CHECK(keys(config_to_json(pre_ln)) == common);
@@ -50,7 +51,8 @@ TEST_CASE("the sweep model holds the fields every cell shares and the options re
   ModelConfig model;
   const nlohmann::ordered_json json = sweep_model_to_json(model);
   CHECK(keys(json) == std::vector<std::string>{"block", "heads", "seq", "norm", "norm_eps", "init",
-                                               "precision", "branch", "probes", "input_corr", "alpha",
+                                               "precision", "branch", "probes", "input_corr", "ffn",
+                                               "kv_heads", "rope_theta", "rope_fraction", "bias", "alpha",
                                                "keel_variant"});
   CHECK(json.at("alpha") == "paper's constant");  // unset: the placement's own constant
   CHECK(json.at("keel_variant") == "v2");
@@ -59,12 +61,35 @@ TEST_CASE("the sweep model holds the fields every cell shares and the options re
 }
 
 TEST_CASE("check compares the configuration fields that change what a run measures") {
-  CHECK(compared_config_keys() == std::vector<std::string>{"blocks", "sublayers", "block", "width", "heads",
-                                                           "seq", "norm", "init", "precision", "branch",
-                                                           "probes", "input_corr", "keel_variant"});
+  CHECK(compared_config_keys() ==
+        std::vector<std::string>{"blocks",     "sublayers",  "block",         "width",      "heads",
+                                 "ffn_hidden", "seq",        "norm",          "norm_eps",   "init",
+                                 "precision",  "branch",     "probes",        "input_corr", "ffn",
+                                 "kv_heads",   "rope_theta", "rope_fraction", "bias",       "keel_variant"});
   CHECK(config_flag("blocks") == "--depth");
   CHECK(config_flag("keel_variant") == "--keel-variant");
-  CHECK(config_flag("norm_eps") == "norm_eps");  // no flag sets it
+  CHECK(config_flag("norm_eps") == "--norm-eps");
+  CHECK(config_flag("head_dim") == "--width/--heads");
+}
+
+TEST_CASE("a config written before issue 19 reads as the default block, and its own values win") {
+  ModelConfig model;
+  model.heads = 8;
+  nlohmann::ordered_json config = run_config_fields(model);
+  for (const char* key : {"ffn", "kv_heads", "rope_theta", "rope_fraction", "bias"}) config.erase(key);
+  CHECK(recorded_config_value(config, "ffn") == "gelu");
+  CHECK(recorded_config_value(config, "rope_theta") == 0.0);
+  CHECK(recorded_config_value(config, "bias") == false);
+  CHECK(recorded_config_value(config, "kv_heads") == 8);  // absent: the document's own heads
+  CHECK(recorded_config_value(config, "blocks") == 64);
+  config.erase("heads");  // an older field absent: not a document gradflow wrote
+  CHECK(recorded_config_value(config, "heads").is_null());
+  model.ffn = FfnKind::swiglu;
+  model.init = InitKind::normal;
+  model.init_std = 0.006;
+  const nlohmann::ordered_json swiglu = run_config_fields(model);
+  CHECK(recorded_config_value(swiglu, "ffn") == "swiglu");
+  CHECK(swiglu.at("init") == "normal:0.006");
 }
 
 TEST_CASE("reporters on a small result: JSON sections and the CSV header") {
