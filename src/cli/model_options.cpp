@@ -68,7 +68,7 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
                 "idealised branch)");
 }
 
-ModelConfig resolve_model(const ModelOptions& options) {
+ModelConfig resolve_model(const ModelOptions& options, const std::function<void(ModelConfig&)>& adjust) {
   ModelConfig model = options.model;
   for (const auto& [key, value] : options.numbers) {
     if (value) model.options[key] = *value;
@@ -82,6 +82,7 @@ ModelConfig resolve_model(const ModelOptions& options) {
   set_init(model, options.init);
   model.ffn = parse_ffn_kind(options.ffn);
   model.precision = parse_precision(options.precision);
+  if (adjust) adjust(model);
   validate(model);
   return model;
 }
@@ -115,8 +116,8 @@ void check_options_apply(const ModelConfig& model, const std::vector<const Archi
   }
 }
 
-void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent,
-                  int threads, long long stored_runs) {
+double check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent,
+                    int threads, long long stored_runs) {
   double needed = 0, result = 0;
   for (const Architecture* arch : archs) {
     needed = std::max(needed, estimated_memory_bytes(model, static_cast<int>(arch->streams.size())));
@@ -133,6 +134,7 @@ void check_memory(const ModelConfig& model, const std::vector<const Architecture
       results_dominate ? "use fewer --seeds or placements, or 'gradflow sweep', which writes "
                          "each run to disk as it ends"
                        : "reduce --depth, --width or --seq, use --precision f32, or --threads 1");
+  return working + kept;
 }
 
 void check_memory_need(double needed, int threads, const std::string& what, const std::string& fix) {
