@@ -326,9 +326,25 @@ double estimated_result_bytes(const ModelConfig& config, int stream_count) {
   return (s + 1) * 8 * (40 + 2.0 * stream_count + config.spectrum) * kJsonOverhead;
 }
 
+double sublayer_forward_flops(const ModelConfig& config) {
+  const double d = config.width, t = config.seq, kv_width = config.kv_width();
+  const double attention = 2 * t * d * (2 * d + 2 * kv_width) + 2 * 2 * t * t * d;  // q, o; k, v; QK^T, AV
+  const double ffn_matrices = config.ffn == FfnKind::gelu ? 2 : 3;
+  const double ffn = 2 * t * d * config.ffn_hidden() * ffn_matrices;
+  switch (config.block) {
+    case BlockKind::attn_ffn:
+      return (attention + ffn) / 2;
+    case BlockKind::ffn:
+      return ffn;
+    case BlockKind::attn:
+      return attention;
+  }
+  return ffn;
+}
+
 double estimated_memory_bytes(const ModelConfig& config, int stream_count) {
   const double scalar = config.precision == Precision::f32 ? 4 : 8;
-  const double d = config.width, t = config.seq,
+  const double d = config.width, t = config.seq, h = config.ffn_hidden(), kv_width = config.kv_width(),
                s = static_cast<double>(config.blocks) * config.sublayers_per_block();
   // Columns carried through a sublayer at once: the probes, --spectrum's 2k block, or one per
   // output coordinate for --exact-jacobian (plus its dense (n, T d) copy for the SVD).
@@ -336,8 +352,10 @@ double estimated_memory_bytes(const ModelConfig& config, int stream_count) {
   if (config.spectrum > 0) k = std::max(k, 2.0 * config.spectrum);
   if (config.exact_jacobian) k = std::max(k, 2 * t * d);
   const double states = (s + 1) * stream_count * t * d;
-  const double weights = 2 * 4 * d * d + 2 * d * kFfnMultiple * d;      // forward and backward copies
-  const double working = 24 * k * t * d + 4 * k * t * kFfnMultiple * d  // sublayer values and cotangents
+  // Attention's q, k, v, o in forward and backward copies, and the FFN's two (gated: three) matrices.
+  const double ffn_matrices = config.ffn == FfnKind::gelu ? 2 : 3;
+  const double weights = 2 * (2 * d * d + 2 * d * kv_width) + ffn_matrices * d * h;
+  const double working = 24 * k * t * d + 2 * ffn_matrices * k * t * h  // sublayer values and cotangents
                          + config.heads * t * t * 2 + 4 * k * t * d * stream_count;
   // The result's per-state and per-sublayer figures (about 40 columns of doubles) and the
   // contribution log per probe.

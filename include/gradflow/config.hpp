@@ -134,6 +134,10 @@ inline constexpr std::size_t kMaxLearningRates = 16;         // --lr: one steppe
 // working set), used to refuse up front what would not fit.
 // Computed in floating point, so that absurd sizes give a huge estimate, never a wrapped one.
 double estimated_memory_bytes(const ModelConfig& config, int stream_count);
+// Floating-point operations of one sublayer's forward pass, averaged over the block's sublayers:
+// attention's projections (q and the output d x d, k and v d x kv_width), its T x T scores and
+// weighted sum, and the FFN's two matrices (three when gated). The unit of analyze's time estimate.
+double sublayer_forward_flops(const ModelConfig& config);
 // Bytes one finished run's figures take while the report is built (the arrays, their JSON tree
 // and text): what each of `--seeds N` runs keeps until the end.
 double estimated_result_bytes(const ModelConfig& config, int stream_count);

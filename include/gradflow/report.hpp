@@ -19,6 +19,8 @@ struct AnalysisReport {
   int threads = 1;
   double total_seconds = 0.0;
   bool timing = true;  // false (--no-timing): no wall times and no thread count, for byte-comparable output
+  // analyze --config: every run's config.config_file (path, model_type, sources, notes); null otherwise.
+  nlohmann::ordered_json config_file;
 };
 
 // Where the numbers come from (JSON "tool"): version, the git commit CMake saw when it configured the

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "commands.hpp"
@@ -15,8 +16,9 @@
 namespace gradflow::cli {
 
 namespace {
-// Runs expected to take longer than this get an estimate on stderr before they start.
-constexpr double kEstimateAbove = 60.0;
+// Runs expected to take longer than this (seconds) get an estimate of time and memory on stderr
+// before they start.
+constexpr double kEstimateAbove = 10.0;
 
 struct AnalyzeOptions {
   ModelOptions model;
@@ -33,6 +35,9 @@ struct AnalyzeOptions {
   const CLI::Option* output_flag = nullptr;
   const CLI::Option* seeds_flag = nullptr;
   std::string angles = "consecutive";
+  std::string config;  // --config PATH|NAME: "" when not given
+  bool verbose = false;
+  const CLI::App* app = nullptr;  // to tell the flags given from the defaults a config.json replaces
 };
 
 // More threads than this is a mistake, not a machine: libgomp fails (or crashes) creating them.
@@ -54,17 +59,17 @@ std::string export_path(const std::string& base, std::string_view arch, std::uin
 }
 
 // Wall time of `runs` runs of this configuration, from the bench's measurement (bench/results.md:
-// about 2.3 ms per sublayer on one core at d = 256, T = 64 in f32), scaled by the dense work per
-// sublayer (T d^2 + T^2 d), the probes' backward passes and the precision; runs share the cores.
+// about 2.3 ms per sublayer on one core at the defaults, d = 256, T = 64 in f32), scaled by the
+// forward flops per sublayer (sublayer_forward_flops: widths, KV heads, a gated FFN), the probes'
+// backward passes and the precision; runs share the cores.
 double estimated_seconds(const ModelConfig& model, long long runs, int threads) {
   constexpr double kSecondsPerSublayerAtDefaults = 2.3e-3;
-  const double work = static_cast<double>(model.seq) * model.width * (model.width + model.seq);
-  const double default_work = 64.0 * 256.0 * (256.0 + 64.0);
+  const double work = sublayer_forward_flops(model) / sublayer_forward_flops(ModelConfig{});
   const double probes = (2.0 + model.probes) / 3.0;  // forward + recompute fixed, backward per probe
   const double precision = model.precision == Precision::f64 ? 2.0 : 1.0;
   const double cores =
       std::max(1, std::min<int>(threads, static_cast<int>(std::thread::hardware_concurrency())));
-  return kSecondsPerSublayerAtDefaults * model.sublayers() * (work / default_work) * probes * precision *
+  return kSecondsPerSublayerAtDefaults * model.sublayers() * work * probes * precision *
          static_cast<double>(runs) / cores;
 }
 
@@ -115,7 +120,8 @@ std::vector<std::uint64_t> seed_list(const AnalyzeOptions& options) {
 }
 
 // Warnings and the time estimate, on stderr before the work starts.
-void warn_before_start(const ModelConfig& model, const std::string& format, int jobs, int threads) {
+void warn_before_start(const ModelConfig& model, const std::string& format, int jobs, int threads,
+                       double memory_bytes) {
   if (model.spectrum > 0) {
     const double sublayers = model.sublayers();
     const double evaluations = sublayers * (sublayers + 1) / 2 * 2 * model.spectrum;
@@ -135,9 +141,9 @@ void warn_before_start(const ModelConfig& model, const std::string& format, int 
   }
   if (const double seconds = estimated_seconds(model, jobs, threads); seconds > kEstimateAbove) {
     fmt::print(stderr,
-               "gradflow: note: {} run(s) of {} sublayers will take about {} on {} thread(s) (estimate); "
-               "Ctrl-C stops it, fewer --seeds or a smaller --depth shortens it\n",
-               jobs, model.sublayers(), duration_text(seconds), threads);
+               "gradflow: note: {} run(s) of {} sublayers will take about {} and {:.2f} GB on {} thread(s) "
+               "(estimate); Ctrl-C stops it, fewer --seeds or a smaller --depth shortens it\n",
+               jobs, model.sublayers(), duration_text(seconds), memory_bytes / 1e9, threads);
   }
 }
 
@@ -187,11 +193,16 @@ int run_analyze(const AnalyzeOptions& options) {
   const int threads = checked_threads(options);
   const std::string format = resolve_output_format(options.format, options.output_flag, options.output,
                                                    {"json", "csv", "table", "markdown"}, "table");
-  ModelConfig model = resolve_model(options.model);
+  std::optional<ConfigOption> config_file;
+  if (!options.config.empty()) config_file = read_config_option(options.config, *options.app);
+  std::string arch_list = options.arch;
+  ModelConfig model = resolve_model(options.model, [&](ModelConfig& resolved) {
+    if (config_file) apply_config_option(*config_file, *options.app, resolved, arch_list);
+  });
   model.angles_all = options.angles == "all";
   validate(model);
-  const auto archs = parse_architecture_list(options.arch);
-  check_options_apply(model, archs, options.arch);
+  const auto archs = parse_architecture_list(arch_list);
+  check_options_apply(model, archs, arch_list);
   // Counted in 64 bits and checked before anything is sized from it.
   const long long seed_count = options.seeds > 0 ? options.seeds : 1;
   const long long job_count = static_cast<long long>(archs.size()) * seed_count;
@@ -204,13 +215,16 @@ int run_analyze(const AnalyzeOptions& options) {
   const int jobs = static_cast<int>(job_count);
   const int concurrent = std::min(threads, jobs);
   // A single run splits each op over a second thread (the engine's ShardPair).
-  check_memory(model, archs, concurrent, jobs == 1 ? std::min(threads, 2) : concurrent, job_count);
-  warn_before_start(model, format, jobs, threads);
+  const double memory_bytes =
+      check_memory(model, archs, concurrent, jobs == 1 ? std::min(threads, 2) : concurrent, job_count);
+  if (config_file) print_config_notes(*config_file, options.verbose);
+  warn_before_start(model, format, jobs, threads, memory_bytes);
   AtomicOutput output(options.output);  // fails now, before any work, if the path is not writable
 
   const auto start = std::chrono::steady_clock::now();
   AnalysisReport report;
   report.threads = threads;
+  if (config_file) report.config_file = config_file->document;
   report.results = plan_analysis(model, archs, seed_list(options));
   ProgressBar progress(!options.quiet && stderr_is_terminal(),
                        fmt::format("gradflow analyze ({} run(s))", jobs));
@@ -232,6 +246,7 @@ Command setup_analyze(CLI::App& app) {
   ModelConfig& m = options->model.model;
   CLI::App* sub =
       app.add_subcommand("analyze", "Measure signal and gradient flow through randomly initialised stacks");
+  options->app = sub;
   sub->option_defaults()->always_capture_default();
   sub->add_option("--arch", options->arch,
                   "Placement id or placement file PATH.toml (docs/placement-files.md), a comma-separated "
@@ -277,7 +292,14 @@ Command setup_analyze(CLI::App& app) {
   sub->add_option("--export-weights", options->export_weights,
                   "Also write input, probes and every weight to a .safetensors file (one per arch and seed)")
       ->default_str("off");
+  sub->add_option(
+         "--config", options->config,
+         "A Hugging Face config.json (or a shipped one by name: gpt2, llama-3.2-1b, qwen2.5-0.5b, "
+         "olmo-2-1b, gemma-2-2b) setting width, depth, heads, KV heads, FFN, norm, RoPE, init and the "
+         "family's placement; flags given override it")
+      ->default_str("off");
   sub->add_flag("-q,--quiet", options->quiet, "No progress bar");
+  sub->add_flag("-v,--verbose", options->verbose, "With --config: also list the config.json keys not used");
   return {sub, [options] { return run_analyze(*options); }};
 }
 

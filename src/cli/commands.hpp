@@ -14,6 +14,7 @@
 
 #include "gradflow/architecture.hpp"
 #include "gradflow/config.hpp"
+#include "gradflow/model_config_file.hpp"
 
 namespace gradflow::cli {
 
@@ -48,8 +49,22 @@ struct ModelOptions {
   std::map<std::string, std::optional<std::string>, std::less<>> words;
 };
 void add_model_options(CLI::App* sub, ModelOptions& options);
-// The configuration the flags describe (depth and width as set on options.model), validated.
-ModelConfig resolve_model(const ModelOptions& options);
+// The configuration the flags describe (depth and width as set on options.model), validated;
+// `adjust` (analyze --config) changes it before the validation.
+ModelConfig resolve_model(const ModelOptions& options, const std::function<void(ModelConfig&)>& adjust = {});
+// analyze --config (config_option.cpp): a config.json given by path or by a shipped config's name.
+struct ConfigOption {
+  std::string origin;  // the path, or data/configs/NAME.json for a shipped config
+  ModelConfigFile file;
+  nlohmann::ordered_json document;  // the runs' config.config_file: path, model_type, sources, notes
+};
+// Reads and checks the file (InputError naming the key or the parse error's line and column).
+ConfigOption read_config_option(const std::string& spec, const CLI::App& app);
+// Sets on `model` every field whose flag `app` did not see and, without --arch, `arch` to the
+// family's placement; fills option.document with the source of every configuration field.
+void apply_config_option(ConfigOption& option, const CLI::App& app, ModelConfig& model, std::string& arch);
+// The file's notes on stderr; with `verbose`, also the keys gradflow did not read, once.
+void print_config_notes(const ConfigOption& option, bool verbose);
 // For each placement option given but declared by no placement of `archs` (--arch `arch_list`):
 // what its `when_unused` says (refuse with an InputError, warn, or nothing).
 void check_options_apply(const ModelConfig& model, const std::vector<const Architecture*>& archs,
@@ -57,8 +72,9 @@ void check_options_apply(const ModelConfig& model, const std::vector<const Archi
 // Refuses up front a configuration whose `concurrent` runs would not fit in memory, counting
 // `threads` threads for the address space.
 // `stored_runs` finished runs are kept until the report is written (analyze's placements x seeds).
-void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent,
-                  int threads, long long stored_runs);
+// Returns the estimate in bytes.
+double check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent,
+                    int threads, long long stored_runs);
 // Address space each thread maps besides the data (8 MB stack, glibc's 64 MB malloc arena,
 // OpenBLAS's 32 MB buffer, and slack); measured VmPeak grows by about 120 MB per thread.
 inline constexpr std::uint64_t kThreadAddressSpace = 128ull << 20;

@@ -76,7 +76,7 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
       ->default_str("1e-3 with --update");
 }
 
-ModelConfig resolve_model(const ModelOptions& options) {
+ModelConfig resolve_model(const ModelOptions& options, const std::function<void(ModelConfig&)>& adjust) {
   ModelConfig model = options.model;
   for (const auto& [key, value] : options.numbers) {
     if (value) model.options[key] = *value;
@@ -92,6 +92,7 @@ ModelConfig resolve_model(const ModelOptions& options) {
   model.precision = parse_precision(options.precision);
   model.update = parse_update_rule(options.update);
   if (model.update != UpdateRule::none && model.learning_rates.empty()) model.learning_rates = {kDefaultLearningRate};
+  if (adjust) adjust(model);
   validate(model);
   return model;
 }
@@ -125,8 +126,8 @@ void check_options_apply(const ModelConfig& model, const std::vector<const Archi
   }
 }
 
-void check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent,
-                  int threads, long long stored_runs) {
+double check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent,
+                    int threads, long long stored_runs) {
   double needed = 0, result = 0;
   for (const Architecture* arch : archs) {
     needed = std::max(needed, estimated_memory_bytes(model, static_cast<int>(arch->streams.size())));
@@ -143,6 +144,7 @@ void check_memory(const ModelConfig& model, const std::vector<const Architecture
       results_dominate ? "use fewer --seeds or placements, or 'gradflow sweep', which writes "
                          "each run to disk as it ends"
                        : "reduce --depth, --width or --seq, use --precision f32, or --threads 1");
+  return working + kept;
 }
 
 void check_memory_need(double needed, int threads, const std::string& what, const std::string& fix) {

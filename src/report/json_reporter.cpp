@@ -209,8 +209,10 @@ json report_to_json(const AnalysisReport& report) {
   for (const ArchResult& result : report.results) {
     json seeds = json::array();
     for (const auto& seed : result.seeds) seeds.push_back(seed_to_json(seed, report.timing));
+    json config = config_to_json(result);
+    if (!report.config_file.is_null()) config["config_file"] = report.config_file;
     runs.push_back({{"arch", std::string(result.arch->id)},
-                    {"config", config_to_json(result)},
+                    {"config", config},
                     {"seeds", seeds},
                     {"aggregate", aggregate_to_json(result.seeds)}});
   }

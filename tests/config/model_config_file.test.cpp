@@ -1,0 +1,156 @@
+// read_model_config_file: the resolved configuration of every shipped config.json, where each value
+// came from, flags overriding the file, and the notes on what gradflow cannot model.
+#include "gradflow/model_config_file.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "gradflow/errors.hpp"
+
+using namespace gradflow;
+
+namespace {
+std::string shipped(const std::string& name) {
+  std::ifstream file(std::string(GRADFLOW_TEST_DIR) + "/../data/configs/" + name + ".json");
+  REQUIRE(file);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// The configuration a shipped file resolves to with no flags given, and the sources.
+struct Resolved {
+  ModelConfigFile file;
+  ModelConfig model;
+  nlohmann::ordered_json sources;
+};
+Resolved resolve(const std::string& name) {
+  Resolved resolved{read_model_config_file(shipped(name), name, false), {}, {}};
+  resolved.sources =
+      apply_model_config_file(resolved.file, resolved.model, [](std::string_view) { return false; });
+  return resolved;
+}
+
+bool has_note(const ModelConfigFile& file, const std::string& part) {
+  return std::any_of(file.notes.begin(), file.notes.end(),
+                     [&](const std::string& note) { return note.find(part) != std::string::npos; });
+}
+}  // namespace
+
+TEST_CASE("config.json gpt2: LayerNorm pre-ln GELU MLP of width 4d, biases, no rotary embedding, gpt2 init") {
+  const Resolved r = resolve("gpt2");
+  CHECK(r.file.placement == "pre-ln");
+  CHECK(r.model.width == 768);
+  CHECK(r.model.blocks == 12);
+  CHECK(r.model.heads == 12);
+  CHECK(r.model.ffn == FfnKind::gelu);
+  CHECK(r.model.ffn_hidden() == 4 * 768);
+  CHECK(r.model.norm == NormKind::layer);
+  CHECK(r.model.norm_eps == 1e-5);
+  CHECK(r.model.rope_theta == 0.0);
+  CHECK(r.model.bias);
+  CHECK(r.model.init == InitKind::gpt2);
+  CHECK(r.sources["width"] == "config.json:n_embd");
+  CHECK(r.sources["ffn_hidden"] == "default of model_type gpt2 (4 d)");
+  CHECK(has_note(r.file, "gelu_new is the tanh approximation"));
+  CHECK(std::count(r.file.unused.begin(), r.file.unused.end(), "n_ctx") == 1);
+  CHECK(std::count(r.file.unused.begin(), r.file.unused.end(), "n_embd") == 0);
+}
+
+TEST_CASE(
+    "config.json llama-3.2-1b: pre-ln SwiGLU, 8 KV heads, RoPE 500000, normal 0.02, rope_scaling noted") {
+  const Resolved r = resolve("llama-3.2-1b");
+  CHECK(r.file.placement == "pre-ln");
+  CHECK(r.model.width == 2048);
+  CHECK(r.model.blocks == 16);
+  CHECK(r.model.heads == 32);
+  CHECK(r.model.kv_head_count() == 8);
+  CHECK(r.model.ffn == FfnKind::swiglu);
+  CHECK(r.model.ffn_hidden() == 8192);
+  CHECK(r.model.norm == NormKind::rms);
+  CHECK(r.model.norm_eps == 1e-5);
+  CHECK(r.model.rope_theta == 500000.0);
+  CHECK(!r.model.bias);
+  CHECK(r.model.init == InitKind::normal);
+  CHECK(r.model.init_std == 0.02);
+  CHECK(r.sources["kv_heads"] == "config.json:num_key_value_heads");
+  CHECK(r.sources["blocks"] == "config.json:num_hidden_layers");
+  CHECK(has_note(r.file, "rope_scaling"));
+  CHECK(!has_note(r.file, "head_dim"));  // 2048 / 32 = 64, as the file says
+}
+
+TEST_CASE("config.json qwen2.5-0.5b: pre-ln SwiGLU, 2 KV heads, q/k/v biases from the family") {
+  const Resolved r = resolve("qwen2.5-0.5b");
+  CHECK(r.file.placement == "pre-ln");
+  CHECK(r.model.width == 896);
+  CHECK(r.model.blocks == 24);
+  CHECK(r.model.heads == 14);
+  CHECK(r.model.kv_head_count() == 2);
+  CHECK(r.model.ffn == FfnKind::swiglu);
+  CHECK(r.model.ffn_hidden() == 4864);
+  CHECK(r.model.norm_eps == 1e-6);
+  CHECK(r.model.rope_theta == 1000000.0);
+  CHECK(r.model.bias);
+  CHECK(r.sources["bias"] == "model_type qwen2");
+}
+
+TEST_CASE("config.json olmo-2-1b: the olmo2 placement, SwiGLU, 16 heads and KV heads") {
+  const Resolved r = resolve("olmo-2-1b");
+  CHECK(r.file.placement == "olmo2");
+  CHECK(r.file.placement_source == "config.json:model_type (olmo2 -> olmo2)");
+  CHECK(r.model.width == 2048);
+  CHECK(r.model.blocks == 16);
+  CHECK(r.model.heads == 16);
+  CHECK(r.model.kv_head_count() == 16);
+  CHECK(r.model.ffn == FfnKind::swiglu);
+  CHECK(r.model.ffn_hidden() == 8192);
+  CHECK(r.model.norm_eps == 1e-6);
+  CHECK(r.model.rope_theta == 500000.0);
+  CHECK(!r.model.bias);
+}
+
+TEST_CASE("config.json gemma-2-2b: peri-ln GeGLU from hidden_activation, 4 KV heads, head_dim 256 noted") {
+  const Resolved r = resolve("gemma-2-2b");
+  CHECK(r.file.placement == "peri-ln");
+  CHECK(r.model.width == 2304);
+  CHECK(r.model.blocks == 26);
+  CHECK(r.model.heads == 8);
+  CHECK(r.model.kv_head_count() == 4);
+  CHECK(r.model.ffn == FfnKind::geglu);
+  CHECK(r.model.ffn_hidden() == 9216);
+  CHECK(r.model.rope_theta == 10000.0);
+  CHECK(r.sources["ffn"] == "config.json:hidden_activation");
+  CHECK(has_note(r.file, "head_dim 256 differs from hidden_size / num_attention_heads = 288"));
+  CHECK(std::count(r.file.unused.begin(), r.file.unused.end(), "query_pre_attn_scalar") == 1);
+}
+
+TEST_CASE("config.json: a flag given keeps its value and is named as the source") {
+  const ModelConfigFile file = read_model_config_file(shipped("llama-3.2-1b"), "llama", false);
+  ModelConfig model;
+  model.blocks = 128;
+  const auto sources =
+      apply_model_config_file(file, model, [](std::string_view flag) { return flag == "--depth"; });
+  CHECK(model.blocks == 128);
+  CHECK(model.width == 2048);
+  CHECK(sources["blocks"] == "--depth");
+  CHECK(sources["width"] == "config.json:hidden_size");
+}
+
+TEST_CASE(
+    "config.json: an unknown model_type is refused without --arch and read with Llama's names with it") {
+  std::string text = shipped("llama-3.2-1b");
+  text.replace(text.find("\"llama\""), 7, "\"mymodel\"");
+  CHECK_THROWS_WITH_AS(read_model_config_file(text, "c.json", false),
+                       doctest::Contains("c.json: model_type \"mymodel\" is not a family gradflow knows"),
+                       InputError);
+  const ModelConfigFile file = read_model_config_file(text, "c.json", true);
+  CHECK(file.placement.empty());
+  CHECK(has_note(file, "model_type mymodel is not a known family"));
+  ModelConfig model;
+  apply_model_config_file(file, model, [](std::string_view) { return false; });
+  CHECK(model.ffn == FfnKind::swiglu);
+  CHECK(model.kv_head_count() == 8);
+}
