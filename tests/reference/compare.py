@@ -248,13 +248,13 @@ def compare_arch(args, arch, tmp, source=None):
             ref, snotes, sbad, built = spec_reference(args, exp, run, hand_written(arch_id))
             srows, knotes, kbad = figure_rows(seed, ref, "")
             rows += srows
+            notes += snotes + knotes
+            mismatch |= sbad or kbad
             if args.update:
                 rows += compare_update(args, *built, seed)
         elif args.update:
             notes.append(f"info: --update figures of {arch_id} are not compared: the optimizer step is in "
                          "gradflow_reference.py's formulas, which this file placement has none of")
-            notes += snotes + knotes
-            mismatch |= sbad or kbad
     except (OSError, ValueError, KeyError) as e:
         return "ERROR", [], [f"reference failed: {e}"]
     notes = [n if n.startswith(("info", "CONSTANT", "CONFIG")) else "note: " + n for n in notes] + notes_pre
