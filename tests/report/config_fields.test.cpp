@@ -59,10 +59,10 @@ TEST_CASE("the sweep model holds the fields every cell shares and the options re
 }
 
 TEST_CASE("check compares the configuration fields that change what a run measures") {
-  CHECK(compared_config_keys() == std::vector<std::string>{"blocks", "sublayers", "block", "width", "heads",
-                                                           "seq", "norm", "init", "precision", "branch",
-                                                           "probes", "input_corr", "update_step",
-                                                           "learning_rates", "keel_variant"});
+  CHECK(compared_config_keys() ==
+        std::vector<std::string>{"blocks", "sublayers", "block", "width", "heads", "seq", "norm", "init",
+                                 "precision", "branch", "probes", "input_corr", "update_step",
+                                 "learning_rates", "update_params", "keel_variant"});
   CHECK(config_flag("blocks") == "--depth");
   CHECK(config_flag("keel_variant") == "--keel-variant");
   CHECK(config_flag("norm_eps") == "norm_eps");  // no flag sets it
