@@ -199,6 +199,8 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
         break;
       case NodeOp::norm:
         norm_forward(context.norm, 1, a, out, norm_stats_[id], context.ops.norm_eps);
+        if (context.norm_gains && (*context.norm_gains)[id].size() != 0)
+          out.array().rowwise() *= (*context.norm_gains)[id].array().row(0);  // y = gamma * N(x)
         break;
       case NodeOp::unit:
         unit_rows_forward(1, a, out, norm_stats_[id]);
@@ -268,7 +270,8 @@ void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vect
 template <typename Scalar>
 void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_inputs,
                                 const BranchContext<Scalar>& context, std::vector<Mat<Scalar>>& d_outputs,
-                                const SublayerWeights<Scalar>* d_weights) {
+                                const SublayerWeights<Scalar>* d_weights,
+                                const std::vector<Mat<Scalar>>* d_gains) {
   const Eigen::Index rows = d_inputs.front().rows();
   for (int i = 0; i < graph.input_count(); ++i) cotangents_[i] = d_inputs[i];  // reused as tangents
   int id = graph.input_count();
@@ -285,6 +288,9 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
       case NodeOp::norm:  // symmetric Jacobians: the backward is the JVP
         d_out.setZero(rows, values_[id].cols());
         norm_backward(context.norm, 1, values_[id], norm_stats_[id], d_a, d_out);
+        // y = gamma * N(x) at gamma = 1: dy = dgamma * N(x) + dN (product rule).
+        if (d_gains && (*d_gains)[id].size() != 0)
+          d_out.array() += values_[id].array().rowwise() * (*d_gains)[id].array().row(0);
         break;
       case NodeOp::unit:
         d_out.setZero(rows, values_[id].cols());
@@ -318,6 +324,21 @@ void GraphExecutor<Scalar>::weight_gradients(const SublayerGraph& graph, const B
                                gradients);
   } else {
     ffn_weight_gradients(input, ffn_, cotangents_[branch], gradients);
+  }
+}
+
+template <typename Scalar>
+void GraphExecutor<Scalar>::norm_gain_gradients(const SublayerGraph& graph,
+                                                std::vector<Mat<Scalar>>& gradients) const {
+  gradients.resize(graph.value_count());
+  for (int id = 0; id < graph.value_count(); ++id) {
+    const bool norm = id >= graph.input_count() && graph.nodes()[id - graph.input_count()].op == NodeOp::norm;
+    if (!norm) {
+      gradients[id].resize(0, 0);
+      continue;
+    }
+    // y = gamma * N(x): dL/dgamma = sum over tokens of dL/dy * N(x), N(x) being y at gamma = 1.
+    gradients[id] = (cotangents_[id].array() * values_[id].array()).colwise().sum().matrix();
   }
 }
 

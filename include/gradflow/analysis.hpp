@@ -48,6 +48,8 @@ struct UpdateStep {
   double delta_loss_first_order = kNone;  // sum_l update_loss_l
   // Per matrix kind (kMatrixKinds): norm(Delta W) / norm(W) over the stack's matrices of that kind.
   double step_rel[kMatrixKindCount] = {kNone, kNone, kNone, kNone, kNone, kNone};
+  // --update-params all: norm(Delta gamma) / norm(gamma) over every norm gain of the stack and head.
+  double step_rel_norm_gain = kNone;
   int diverged_state = -1;  // the first stepped state with a non-finite entry; -1: none
 };
 
@@ -73,7 +75,7 @@ struct SeedResult {
   // --angles all: (S+1) x (S+1) mean-over-tokens angular distance / pi between states; else empty.
   std::vector<std::vector<double>> angles_matrix;
   std::optional<Divergence> diverged;
-  std::vector<UpdateStep> updates;  // --update: one per learning rate, in --lr order
+  std::vector<UpdateStep> updates;      // --update: one per learning rate, in --lr order
   double seconds = 0.0;                 // wall time of this seed, and of its phases:
   double forward_seconds = 0.0;         // the forward loop over sublayers (weights drawn, states stored)
   double representation_seconds = 0.0;  // token_cos, erank and angle from the stored states

@@ -93,6 +93,9 @@ struct ModelConfig {
   // --update, --lr: one optimizer step per learning rate on probe 0's loss (issue 18)
   UpdateRule update = UpdateRule::none;
   std::vector<double> learning_rates;
+  // --update-params all: the norms' gains (gamma, 1 at init) take the step too; matrices: only
+  // the weight matrices.
+  bool update_norm_gains = false;
   int update_count() const { return update == UpdateRule::none ? 0 : static_cast<int>(learning_rates.size()); }
 
   int sublayers_per_block() const { return block == BlockKind::attn_ffn ? 2 : 1; }

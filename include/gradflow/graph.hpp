@@ -93,6 +93,9 @@ struct BranchContext {
   const SublayerWeights<Scalar>* weights = nullptr;
   ShardPair* shards = nullptr;  // the branch's two shards run on two cores when set
   BlockOps ops{};
+  // --update-params all: per value id, the gain gamma (1, d) of a norm node, y = gamma * N(x);
+  // unset or empty: gamma = 1. The forward pass only: backward and jvp are taken at gamma = 1.
+  const std::vector<Mat<Scalar>>* norm_gains = nullptr;
 };
 
 // What the backward pass already knows about a sublayer's outputs when it recomputes the
@@ -143,14 +146,19 @@ class GraphExecutor {
 
   // Jacobian-vector product after forward: tangents of the inputs (one (P*T, d) block per input
   // stream, P tangents stacked) to tangents of the outputs.
-  // d_weights, when given, is a tangent of the branch's weights as well (one tangent, P = 1).
+  // d_weights, when given, is a tangent of the branch's weights as well (one tangent, P = 1), and
+  // d_gains one of the norm nodes' gains (per value id, (1, d) or empty), at gamma = 1.
   void jvp(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_inputs,
            const BranchContext<Scalar>& context, std::vector<Mat<Scalar>>& d_outputs,
-           const SublayerWeights<Scalar>* d_weights = nullptr);
+           const SublayerWeights<Scalar>* d_weights = nullptr,
+           const std::vector<Mat<Scalar>>* d_gains = nullptr);
   // After a forward and a backward through the branch of one probe's cotangent (T rows): dL/dW
   // of the branch's matrices in full (--update). A model branch only.
   void weight_gradients(const SublayerGraph& graph, const BranchContext<Scalar>& context,
                         SublayerWeights<Scalar>& gradients) const;
+  // After a forward at gamma = 1 and a backward of one probe's cotangent (T rows): dL/dgamma of
+  // every norm node, per value id ((1, d); empty for other values).
+  void norm_gain_gradients(const SublayerGraph& graph, std::vector<Mat<Scalar>>& gradients) const;
 
   const Mat<Scalar>& value(int id) const { return values_[id]; }
   // After backward: dL/d(value id), one (K*T, d) block per probe.

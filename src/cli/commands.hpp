@@ -44,6 +44,7 @@ struct ModelOptions {
   std::string block = "attn-ffn", norm = "rms", init = "xavier", precision = "f32", ffn = "gelu";
   bool ideal_branch = false;
   std::string update = "none";  // --update; its learning rates go to model.learning_rates
+  std::string update_params;    // --update-params (empty: not given, matrices)
   // The placement options' flags (PlacementOption), by key; a value only when the flag is given.
   std::map<std::string, std::optional<double>, std::less<>> numbers;
   std::map<std::string, std::optional<std::string>, std::less<>> words;

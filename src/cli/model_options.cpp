@@ -74,6 +74,10 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
   sub->add_option("--lr", m.learning_rates, "Learning rates of --update, comma-separated (e.g. 1e-4,1e-3)")
       ->delimiter(',')
       ->default_str("1e-3 with --update");
+  sub->add_option("--update-params", options.update_params,
+                  "What --update steps: matrices (every weight matrix) or all (the matrices and every norm's "
+                  "gain, gamma = 1 at init)")
+      ->default_str("matrices");
 }
 
 ModelConfig resolve_model(const ModelOptions& options, const std::function<void(ModelConfig&)>& adjust) {
@@ -92,6 +96,17 @@ ModelConfig resolve_model(const ModelOptions& options, const std::function<void(
   model.precision = parse_precision(options.precision);
   model.update = parse_update_rule(options.update);
   if (model.update != UpdateRule::none && model.learning_rates.empty()) model.learning_rates = {kDefaultLearningRate};
+  if (!options.update_params.empty() && model.update == UpdateRule::none) {
+    throw InputError(
+        fmt::format("--update-params {} says what --update steps, and --update is not given; add "
+                    "--update adam",
+                    options.update_params));
+  }
+  if (!options.update_params.empty() && options.update_params != "matrices" && options.update_params != "all") {
+    throw InputError(fmt::format("--update-params \"{}\" is not matrices or all; try --update-params all",
+                                 options.update_params));
+  }
+  model.update_norm_gains = options.update_params == "all";
   if (adjust) adjust(model);
   validate(model);
   return model;

@@ -54,6 +54,9 @@ const std::vector<ConfigField>& config_fields() {
        updating},
       {"learning_rates", "--lr", [](const ModelConfig& c) { return json(c.learning_rates); }, true, true,
        updating},
+      {"update_params", "--update-params",
+       [](const ModelConfig& c) { return json(c.update_norm_gains ? "all" : "matrices"); }, true, true,
+       updating},
   };
   return fields;
 }

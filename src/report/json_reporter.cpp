@@ -49,6 +49,7 @@ json updates_to_json(const std::vector<UpdateStep>& updates) {
     for (int m = 0; m < kMatrixKindCount; ++m) {
       if (!std::isnan(step.step_rel[m])) step_rel[kMatrixKinds[m]] = json_number(step.step_rel[m]);
     }
+    if (!std::isnan(step.step_rel_norm_gain)) step_rel["norm_gain"] = json_number(step.step_rel_norm_gain);
     out.push_back({{"learning_rate", step.learning_rate},
                    {"output_update_rel", json_number(step.output_update_rel)},
                    {"delta_loss", json_number(step.delta_loss)},

@@ -20,6 +20,7 @@ template <typename Scalar>
 struct SteppedPass {
   State<Scalar> state;
   double step_squares[kMatrixKindCount] = {};
+  double gain_step_squares = 0;  // --update-params all: sum of Delta gamma^2 over every norm
   bool finite = true;
 };
 
@@ -42,10 +43,12 @@ bool record_moved_state(SeedResult& result, int i, int l, const State<Scalar>& s
 // The output head on the stepped final state: output_update_rel and the measured Delta L, formed
 // as sum(U * (y' - y)) so that no digits cancel in L' - L.
 template <typename Scalar>
-void record_output(StackRun<Scalar>& run, const State<Scalar>& stepped, UpdateStep& step) {
-  const auto head = run.prepare_head();
+void record_output(StackRun<Scalar>& run, const State<Scalar>& stepped,
+                   const std::vector<Mat<Scalar>>* head_gains, UpdateStep& step) {
+  auto head = run.prepare_head();
   run.executor().forward(run.graph(), run.state(run.sublayers()), head);
   const Mat<double> y = run.executor().value(run.graph().outputs().front()).template cast<double>();
+  head.norm_gains = head_gains;  // the output norm's stepped gain (--update-params all)
   run.executor().forward(run.graph(), stepped, head);
   const Mat<double> moved = run.executor().value(run.graph().outputs().front()).template cast<double>() - y;
   const Mat<double> probe =
@@ -54,32 +57,92 @@ void record_output(StackRun<Scalar>& run, const State<Scalar>& stepped, UpdateSt
   step.delta_loss = (moved.array() * probe.array()).sum();
 }
 
-// After the last sublayer: the output figures, update_loss_share and the step sizes per kind.
+// gamma + Delta gamma with gamma = 1, per value id (empty where there is no norm).
 template <typename Scalar>
-void finish_update(StackRun<Scalar>& run, const SteppedPass<Scalar>& pass,
-                   const std::vector<double>& weight_squares, SeedResult& result, int i) {
+void stepped_gains(const std::vector<Mat<Scalar>>& step, std::vector<Mat<Scalar>>& stepped) {
+  stepped.resize(step.size());
+  for (std::size_t id = 0; id < step.size(); ++id) stepped[id] = (step[id].array() + Scalar(1)).matrix();
+}
+
+// The number of gain entries, ||gamma||^2 at gamma = 1.
+template <typename Scalar>
+double gain_count(const std::vector<Mat<Scalar>>& gains) {
+  double count = 0;
+  for (const auto& gain : gains) count += static_cast<double>(gain.size());
+  return count;
+}
+
+// The output head's norm gains (--update-params all): their gradient from probe 0's U, their step
+// at each learning rate (part of delta_loss_first_order, in no sublayer's update_loss), and the
+// head run with gamma + Delta gamma.
+template <typename Scalar>
+struct HeadGains {
+  std::vector<Mat<Scalar>> gradient, step, stepped;
+};
+
+template <typename Scalar>
+void head_gain_gradient(StackRun<Scalar>& run, std::vector<Mat<Scalar>>& gradient) {
+  const auto head = run.prepare_head();
+  run.executor().forward(run.graph(), run.state(run.sublayers()), head);
+  const State<Scalar> probe0 = {
+      Mat<Scalar>(make_probes<Scalar>(run.config(), run.seed()).topRows(run.config().seq))};
+  State<Scalar> d_input;
+  run.executor().backward(run.graph(), probe0, true, head, d_input);
+  run.executor().norm_gain_gradients(run.graph(), gradient);
+}
+
+// After the last sublayer: the head's gain step, the output figures, update_loss_share and the
+// step sizes per kind.
+template <typename Scalar>
+void finish_update(StackRun<Scalar>& run, SteppedPass<Scalar>& pass, HeadGains<Scalar>* head,
+                   const std::vector<double>& weight_squares, double gain_squares, SeedResult& result,
+                   int i) {
   UpdateStep& step = result.updates[i];
   if (!pass.finite) return;
-  record_output(run, pass.state, step);
+  if (head) {
+    const double loss =
+        gain_step(run.config().update, run.config().learning_rates[i], head->gradient, 0.0, head->step);
+    step.delta_loss_first_order += loss;
+    for (const auto& delta : head->step) pass.gain_step_squares += squared_norm(delta);
+    stepped_gains(head->step, head->stepped);
+    gain_squares += gain_count(head->stepped);
+  }
+  record_output(run, pass.state, head ? &head->stepped : nullptr, step);
   auto& share = result.sublayers.at({Figure::update_loss_share, i + 1});
   const auto& loss = result.sublayers.at({Figure::update_loss, i + 1});
   for (std::size_t l = 0; l < share.size(); ++l) share[l] = loss[l] / step.delta_loss_first_order;
   for (int m = 0; m < kMatrixKindCount; ++m) {
     if (weight_squares[m] > 0) step.step_rel[m] = std::sqrt(pass.step_squares[m] / weight_squares[m]);
   }
+  if (gain_squares > 0) step.step_rel_norm_gain = std::sqrt(pass.gain_step_squares / gain_squares);
 }
 }  // namespace
 
 template <typename Scalar>
 BranchContext<Scalar> sublayer_weight_gradient(SeedAnalysis<Scalar>& analysis, int l,
-                                               SublayerWeights<Scalar>& gradient) {
+                                               SublayerWeights<Scalar>& gradient,
+                                               std::vector<Mat<Scalar>>* gain_gradient) {
   StackRun<Scalar>& run = analysis.run;
   const auto branch = run.prepare_sublayer(l, l + 1);
   run.executor().forward(run.graph(), run.state(l), branch);
   State<Scalar> d_input;
   run.executor().backward(run.graph(), analysis.probes.probe0_cotangent[l + 1], true, branch, d_input);
   run.executor().weight_gradients(run.graph(), branch, gradient);
+  if (gain_gradient) run.executor().norm_gain_gradients(run.graph(), *gain_gradient);
   return branch;
+}
+
+// Adam's first step (Kingma & Ba 2014, arXiv 1412.6980, Alg. 1): m = (1 - b1) g and v = (1 - b2) g^2,
+// bias-corrected m^ = g and v^ = g^2, so Delta theta = -eta g / (|g| + eps), eps = 1e-8; with
+// g = exp(log_scale) * scaled, -eta scaled / (|scaled| + eps exp(-log_scale)). SGD: -eta g.
+template <typename Scalar>
+void rule_step(UpdateRule rule, double lr, const Mat<Scalar>& g, double log_scale, Mat<Scalar>& delta) {
+  if (rule == UpdateRule::sgd) {
+    delta = static_cast<Scalar>(-lr * std::exp(log_scale)) * g;
+  } else {
+    const auto eps = static_cast<Scalar>(kAdamEpsilon * std::exp(-log_scale));
+    delta = (static_cast<Scalar>(-lr) * g.array() / (g.array().abs() + eps)).matrix();
+  }
 }
 
 template <typename Scalar>
@@ -90,22 +153,71 @@ double optimizer_step(UpdateRule rule, double lr, SublayerKind kind, const Subla
   const auto [first, last] = matrix_range(kind);
   double inner = 0;  // <g / exp(log_scale), Delta theta>
   for (int m = first; m < last; ++m) {
-    const Mat<Scalar>& g = *from[m];
-    Mat<Scalar>& delta = *to[m];
-    if (rule == UpdateRule::sgd) {
-      // SGD: Delta theta = -eta g.
-      delta = static_cast<Scalar>(-lr * std::exp(log_scale)) * g;
-    } else {
-      // Adam's first step (Kingma & Ba 2014, arXiv 1412.6980, Alg. 1): m = (1 - b1) g and
-      // v = (1 - b2) g^2, bias-corrected m^ = g and v^ = g^2, so Delta theta = -eta g / (|g| + eps),
-      // eps = 1e-8; with g = exp(log_scale) * scaled, -eta scaled / (|scaled| + eps exp(-log_scale)).
-      const auto eps = static_cast<Scalar>(kAdamEpsilon * std::exp(-log_scale));
-      delta = (static_cast<Scalar>(-lr) * g.array() / (g.array().abs() + eps)).matrix();
-    }
-    inner += lane_dot(g.data(), delta.data(), g.size());
+    rule_step(rule, lr, *from[m], log_scale, *to[m]);
+    inner += lane_dot(from[m]->data(), to[m]->data(), from[m]->size());
   }
   return inner * std::exp(log_scale);  // update_loss = <g, Delta theta>
 }
+
+template <typename Scalar>
+double gain_step(UpdateRule rule, double lr, const std::vector<Mat<Scalar>>& scaled, double log_scale,
+                 std::vector<Mat<Scalar>>& step) {
+  step.resize(scaled.size());
+  double inner = 0;
+  for (std::size_t id = 0; id < scaled.size(); ++id) {
+    if (scaled[id].size() == 0) {
+      step[id].resize(0, 0);
+      continue;
+    }
+    rule_step(rule, lr, scaled[id], log_scale, step[id]);
+    inner += lane_dot(scaled[id].data(), step[id].data(), scaled[id].size());
+  }
+  return inner * std::exp(log_scale);
+}
+
+namespace {
+// Sublayer l's stepped forward at learning rate i: theta_l + Delta theta_l (and gamma + Delta
+// gamma with --update-params all) on the stepped state; update_loss and the step sizes.
+template <typename Scalar>
+struct SublayerStep {
+  SublayerWeights<Scalar> gradient, step, stepped;
+  std::vector<Mat<Scalar>> gain_gradient, gain_step, gain_stepped;
+};
+
+template <typename Scalar>
+void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, BranchContext<Scalar>& branch,
+                   SublayerStep<Scalar>& work, SteppedPass<Scalar>& pass) {
+  StackRun<Scalar>& run = analysis.run;
+  const ModelConfig& config = run.config();
+  SeedResult& result = analysis.result;
+  const double log_scale = analysis.probes.probe0_log_scale[l + 1];
+  const SublayerWeights<Scalar>& weights = *branch.weights;
+  double loss = optimizer_step(config.update, config.learning_rates[i], config.sublayer_kind(l),
+                               work.gradient, log_scale, work.step);
+  const auto [first, last] = matrix_range(config.sublayer_kind(l));
+  for (int m = first; m < last; ++m) {
+    pass.step_squares[m] += squared_norm(*matrices(work.step)[m]);
+    *matrices(work.stepped)[m] = *matrices(weights)[m] + *matrices(work.step)[m];
+  }
+  if (config.update_norm_gains) {
+    loss += gain_step(config.update, config.learning_rates[i], work.gain_gradient, log_scale, work.gain_step);
+    for (const auto& delta : work.gain_step) pass.gain_step_squares += squared_norm(delta);
+    stepped_gains(work.gain_step, work.gain_stepped);
+    branch.norm_gains = &work.gain_stepped;
+  }
+  result.sublayers.at({Figure::update_loss, i + 1})[l] = loss;
+  result.updates[i].delta_loss_first_order += loss;
+  branch.weights = &work.stepped;
+  run.executor().forward(run.graph(), pass.state, branch);
+  branch.weights = &weights;
+  branch.norm_gains = nullptr;
+  pass.state.resize(run.graph().outputs().size());
+  for (std::size_t s = 0; s < pass.state.size(); ++s)
+    pass.state[s] = run.executor().value(run.graph().outputs()[s]);
+  pass.finite = record_moved_state(result, i, l + 1, pass.state, run.state(l + 1));
+  if (!pass.finite) result.updates[i].diverged_state = l + 1;
+}
+}  // namespace
 
 template <typename Scalar>
 void compute_update(SeedAnalysis<Scalar>& analysis) {
@@ -115,6 +227,7 @@ void compute_update(SeedAnalysis<Scalar>& analysis) {
   const int count = config.update_count();
   std::vector<SteppedPass<Scalar>> passes(count);
   std::vector<double> weight_squares(kMatrixKindCount, 0.0);
+  double gain_squares = 0;  // ||gamma||^2 over the sublayers' norms
   result.updates.assign(count, {});
   for (int i = 0; i < count; ++i) {
     passes[i].state = run.state(0);
@@ -122,40 +235,35 @@ void compute_update(SeedAnalysis<Scalar>& analysis) {
     result.updates[i].delta_loss_first_order = 0.0;
     record_moved_state(result, i, 0, passes[i].state, run.state(0));
   }
-  SublayerWeights<Scalar> gradient, step, stepped;
+  SublayerStep<Scalar> work;
   for (int l = 0; l < run.sublayers(); ++l) {
-    auto branch = sublayer_weight_gradient(analysis, l, gradient);
-    const SublayerWeights<Scalar>& weights = *branch.weights;
+    auto branch = sublayer_weight_gradient(analysis, l, work.gradient,
+                                           config.update_norm_gains ? &work.gain_gradient : nullptr);
     const auto [first, last] = matrix_range(config.sublayer_kind(l));
-    for (int m = first; m < last; ++m) weight_squares[m] += squared_norm(*matrices(weights)[m]);
+    for (int m = first; m < last; ++m) weight_squares[m] += squared_norm(*matrices(*branch.weights)[m]);
+    if (config.update_norm_gains) gain_squares += gain_count(work.gain_gradient);
     for (int i = 0; i < count; ++i) {
-      SteppedPass<Scalar>& pass = passes[i];
-      if (!pass.finite) continue;
-      const double loss = optimizer_step(config.update, config.learning_rates[i], config.sublayer_kind(l), gradient,
-                                         analysis.probes.probe0_log_scale[l + 1], step);
-      result.sublayers.at({Figure::update_loss, i + 1})[l] = loss;
-      result.updates[i].delta_loss_first_order += loss;
-      for (int m = first; m < last; ++m) {
-        pass.step_squares[m] += squared_norm(*matrices(step)[m]);
-        *matrices(stepped)[m] = *matrices(weights)[m] + *matrices(step)[m];
-      }
-      branch.weights = &stepped;
-      run.executor().forward(run.graph(), pass.state, branch);
-      branch.weights = &weights;
-      pass.state.resize(run.graph().outputs().size());
-      for (std::size_t s = 0; s < pass.state.size(); ++s)
-        pass.state[s] = run.executor().value(run.graph().outputs()[s]);
-      pass.finite = record_moved_state(result, i, l + 1, pass.state, run.state(l + 1));
-      if (!pass.finite) result.updates[i].diverged_state = l + 1;
+      if (passes[i].finite) step_sublayer(analysis, l, i, branch, work, passes[i]);
     }
   }
-  for (int i = 0; i < count; ++i) finish_update(run, passes[i], weight_squares, result, i);
+  HeadGains<Scalar> head;
+  if (config.update_norm_gains) head_gain_gradient(run, head.gradient);
+  for (int i = 0; i < count; ++i) {
+    finish_update(run, passes[i], config.update_norm_gains ? &head : nullptr, weight_squares, gain_squares,
+                  result, i);
+  }
 }
 
 template void compute_update(SeedAnalysis<float>&);
 template void compute_update(SeedAnalysis<double>&);
-template BranchContext<float> sublayer_weight_gradient(SeedAnalysis<float>&, int, SublayerWeights<float>&);
-template BranchContext<double> sublayer_weight_gradient(SeedAnalysis<double>&, int, SublayerWeights<double>&);
+template BranchContext<float> sublayer_weight_gradient(SeedAnalysis<float>&, int, SublayerWeights<float>&,
+                                                       std::vector<Mat<float>>*);
+template BranchContext<double> sublayer_weight_gradient(SeedAnalysis<double>&, int, SublayerWeights<double>&,
+                                                        std::vector<Mat<double>>*);
+template double gain_step(UpdateRule, double, const std::vector<Mat<float>>&, double,
+                          std::vector<Mat<float>>&);
+template double gain_step(UpdateRule, double, const std::vector<Mat<double>>&, double,
+                          std::vector<Mat<double>>&);
 template double optimizer_step(UpdateRule, double, SublayerKind, const SublayerWeights<float>&, double,
                                SublayerWeights<float>&);
 template double optimizer_step(UpdateRule, double, SublayerKind, const SublayerWeights<double>&, double,

@@ -13,15 +13,24 @@ inline constexpr double kAdamEpsilon = 1e-8;
 // Sublayer l's probe-0 weight gradient dL/dtheta_l, divided by exp(probe0_log_scale[l + 1]):
 // sublayer l recomputed from the stored x_l and back-propagated from the kept cotangent of
 // x_{l+1}. Returns the branch context, whose weights are theta_l.
+// With `gain_gradient`, the norms' gain gradients dL/dgamma as well, scaled alike (per value id,
+// GraphExecutor::norm_gain_gradients).
 template <typename Scalar>
 BranchContext<Scalar> sublayer_weight_gradient(SeedAnalysis<Scalar>& analysis, int l,
-                                               SublayerWeights<Scalar>& gradient);
+                                               SublayerWeights<Scalar>& gradient,
+                                               std::vector<Mat<Scalar>>* gain_gradient = nullptr);
 
 // The step Delta theta_l of `rule` at learning rate lr from the gradient g = exp(log_scale) * scaled,
 // into `step`; returns <g, Delta theta_l> (update_loss) in double.
 template <typename Scalar>
 double optimizer_step(UpdateRule rule, double lr, SublayerKind kind, const SublayerWeights<Scalar>& scaled,
                       double log_scale, SublayerWeights<Scalar>& step);
+
+// The same rule on the norms' gains (--update-params all): Delta gamma per value id from the
+// gradient exp(log_scale) * scaled; returns <dL/dgamma, Delta gamma>.
+template <typename Scalar>
+double gain_step(UpdateRule rule, double lr, const std::vector<Mat<Scalar>>& scaled, double log_scale,
+                 std::vector<Mat<Scalar>>& step);
 
 // Which of kMatrixKinds a sublayer of this kind has: [first, last).
 inline std::pair<int, int> matrix_range(SublayerKind kind) {

@@ -180,12 +180,14 @@ def runs_with_another_optimizer_step_are_not_compared():
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
         for name, flags in (("lr3", ["--update", "adam", "--lr", "1e-3"]), ("lr4", ["--update", "adam", "--lr", "1e-4"]),
-                            ("none", [])):
+                            ("all", ["--update", "adam", "--lr", "1e-3", "--update-params", "all"]), ("none", [])):
             paths[name] = os.path.join(tmp, f"{name}.json")
             assert run("analyze", "--arch", "keel", *SMALL, *flags, "-o", paths[name]).returncode == 0
         assert run("check", paths["lr3"], "--baseline", paths["lr3"]).returncode == 0
         proc = run("check", paths["lr4"], "--baseline", paths["lr3"])
         assert proc.returncode == 2 and "learning_rates" in proc.stderr, (proc.returncode, proc.stderr)
+        proc = run("check", paths["all"], "--baseline", paths["lr3"])
+        assert proc.returncode == 2 and "update_params" in proc.stderr, (proc.returncode, proc.stderr)
         proc = run("check", paths["none"], "--baseline", paths["lr3"])
         assert proc.returncode == 2 and "update_step" in proc.stderr, (proc.returncode, proc.stderr)
 

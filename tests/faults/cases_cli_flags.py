@@ -86,6 +86,8 @@ CASES = [
     Case("analyze lr without update", ["analyze", "--lr", "1e-3", *SMALL], r"--lr is the learning rate of --update, which is not given; add --update adam"),
     Case("analyze update with ideal branch", ["analyze", "--update", "sgd", "--ideal-branch", *SMALL], r"--update sgd steps the branch weights, and --ideal-branch has none; drop --ideal-branch or --update"),
     Case("analyze update momentum", ["analyze", "--update", "momentum", *SMALL], r"--update \"momentum\" is not one of none, sgd, adam"),
+    Case("analyze update-params without update", ["analyze", "--update-params", "all", *SMALL], r"--update-params all says what --update steps, and --update is not given; add --update adam"),
+    Case("analyze update-params gains", ["analyze", "--update", "adam", "--update-params", "gains", *SMALL], r"--update-params \"gains\" is not matrices or all; try --update-params all"),
     Case("sweep lr 0", ["sweep", "--arch", "keel", "--depth", "2", "--update", "sgd", "--lr", "0", "-o", "out"], r"--lr 0 must be a positive finite learning rate"),
 
     # ---- placements: did-you-mean that means it

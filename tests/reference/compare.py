@@ -187,7 +187,7 @@ def run_gradflow(args, arch, tmp):
     if args.ideal_branch:
         cmd.append("--ideal-branch")
     if args.update:
-        cmd += ["--update", args.update, "--lr", repr(args.lr)]
+        cmd += ["--update", args.update, "--lr", repr(args.lr), "--update-params", args.update_params]
     for flag, val in (("--alpha", args.alpha), ("--keel-variant", args.keel_variant),
                       ("--mix-ratio", args.mix_ratio), ("--input-corr", args.input_corr), ("--ffn", args.ffn),
                       ("--ffn-hidden", args.ffn_hidden), ("--kv-heads", args.kv_heads),
@@ -355,7 +355,7 @@ def figure_rows(seed, ref, label):
 
 def compare_update(args, stack, x0, probes, seed):
     """--update: the update figures of gradflow's column 1 against the reference's own optimizer step."""
-    ref = R.model_update(stack, x0, probes[0], args.update, args.lr)
+    ref = R.model_update(stack, x0, probes[0], args.update, args.lr, args.update_params)
     gs, gl = seed.get("states", {}), seed.get("sublayers", {})
     steps = (seed.get("summary") or {}).get("update") or [{}]
     rows = []
@@ -423,6 +423,8 @@ def main(argv=None):
     p.add_argument("--update", choices=["sgd", "adam"],
                    help="also compare the model-update figures of one optimizer step (gradflow --update)")
     p.add_argument("--lr", type=float, default=1e-3, help="the learning rate of --update")
+    p.add_argument("--update-params", choices=["matrices", "all"], default="matrices",
+                   help="what --update steps: the weight matrices, or all (the norm gains as well)")
     p.add_argument("--tol", type=float, default=1e-8)
     p.add_argument("--qk-norm", choices=["rms", "follow"], default="rms",
                    help="norm type of q/k/v norms inside attention (hybridnorm, olmo2): RMSNorm or --norm")

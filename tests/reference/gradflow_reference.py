@@ -758,49 +758,98 @@ def analyze(stack, x0, probes):
 MATRIX_KINDS = {"W_Q": "w_q", "W_K": "w_k", "W_V": "w_v", "W_O": "w_o", "W_1": "w_1", "W_2": "w_2"}
 
 
-def model_update(stack, x0, probe, rule, lr):
+class GainedNorm:
+    """--update-params all: every call of the stack's norm N is a norm instance with its own gain gamma
+    (length d, 1 at init): y = gamma * N(x). Gains are keyed by (sublayer or "head", call index within it),
+    created on first use as torch leaves (requires_grad) or taken from `fixed` (the stepped gains)."""
+
+    def __init__(self, norm, fixed=None):
+        self.norm, self.gains, self.fixed, self.key, self.index = norm, {}, fixed, None, 0
+
+    def start(self, key):
+        self.key, self.index = key, 0
+
+    def __call__(self, x):
+        k = (self.key, self.index)
+        self.index += 1
+        if self.fixed is not None:
+            g = self.fixed[k]
+        else:
+            g = self.gains.get(k)
+            if g is None:
+                g = torch.ones(x.shape[-1], dtype=x.dtype, requires_grad=True)
+                self.gains[k] = g
+        return g * self.norm(x)
+
+
+def _optimizer_step(rule, lr, g):
+    return -lr * g if rule == "sgd" else -lr * g / (g.abs() + 1e-8)
+
+
+def model_update(stack, x0, probe, rule, lr, params_mode="matrices"):
     """--update (issue 18), computed independently: torch autograd's dL/dW of L = sum(U * y) for probe 0, one
     optimizer step, and the forward pass again with the stepped weights (admin's w as profiled on x0).
       SGD:  Delta W = -lr g
       Adam: Delta W = -lr g / (|g| + 1e-8)  (Kingma & Ba 2014, arXiv 1412.6980, Alg. 1: the first step's
-            bias-corrected m^ = g, v^ = g^2)"""
+            bias-corrected m^ = g, v^ = g^2)
+    params_mode "all" (--update-params all): every norm call's gain gamma takes the same step (GainedNorm);
+    the q/k/v norms inside attention (stack.QN) keep gamma = 1, as in gradflow."""
     states, _, _ = stack.forward(x0)
-    base = stack.W
+    base, base_norm = stack.W, stack.N
 
-    def run(weights):
+    def run(weights, norm):
         stack.W = weights
+        if norm is not None:
+            stack.N = norm
         state, out = stack.init_state(x0), []
         out.append(state)
         for l in range(stack.S):
+            if norm is not None:
+                norm.start(l)
             state = stack.sublayer(l, state)[0]
             out.append(state)
+        if norm is not None:
+            norm.start("head")
         return out, stack.output(state)
 
     try:
         params = [{n: t.clone().requires_grad_(True) for n, t in Wl.items()} for Wl in base]
+        gained = GainedNorm(base_norm) if params_mode == "all" else None
         with torch.enable_grad():
-            _, y = run(params)
+            _, y = run(params, gained)
             loss = (probe * y).sum()
             flat = [t for Wl in params for t in Wl.values()]
-            grads = torch.autograd.grad(loss, flat)
-        grads = iter(g.detach() for g in grads)
+            gain_keys = list(gained.gains) if gained else []
+            all_grads = torch.autograd.grad(loss, flat + [gained.gains[k] for k in gain_keys])
+        grads = iter(g.detach() for g in all_grads[:len(flat)])
         grads = [{n: next(grads) for n in Wl} for Wl in params]
-        steps = [{n: (-lr * g if rule == "sgd" else -lr * g / (g.abs() + 1e-8)) for n, g in Gl.items()}
-                 for Gl in grads]
+        gain_grads = {k: g.detach() for k, g in zip(gain_keys, all_grads[len(flat):])}
+        steps = [{n: _optimizer_step(rule, lr, g) for n, g in Gl.items()} for Gl in grads]
+        gain_steps = {k: _optimizer_step(rule, lr, g) for k, g in gain_grads.items()}
         with torch.no_grad():
             y = y.detach()
-            moved_states, moved_y = run([{n: base[l][n] + st[n] for n in st} for l, st in enumerate(steps)])
+            stepped_norm = (GainedNorm(base_norm, {k: 1.0 + st for k, st in gain_steps.items()})
+                            if gained else None)
+            moved_states, moved_y = run([{n: base[l][n] + st[n] for n in st} for l, st in enumerate(steps)],
+                                        stepped_norm)
     finally:
-        stack.W = base
+        stack.W, stack.N = base, base_norm
     diffs = [tuple(a - b for a, b in zip(m, o)) for m, o in zip(moved_states, states)]
     update_loss = [sum(float((grads[l][n] * steps[l][n]).sum()) for n in steps[l]) for l in range(stack.S)]
-    first_order = sum(update_loss)
+    gain_loss = {k: float((gain_grads[k] * gain_steps[k]).sum()) for k in gain_keys}
+    for (key, _), value in gain_loss.items():
+        if key != "head":
+            update_loss[key] += value
+    first_order = sum(update_loss) + sum(v for (key, _), v in gain_loss.items() if key == "head")
     step_sq, weight_sq = {}, {}
     for l in range(stack.S):
         for n, st in steps[l].items():
             k = MATRIX_KINDS[n]
             step_sq[k] = step_sq.get(k, 0.0) + float((st * st).sum())
             weight_sq[k] = weight_sq.get(k, 0.0) + float((base[l][n] ** 2).sum())
+    if gain_keys:  # gamma = 1: norm(gamma)^2 is the number of gain entries
+        step_sq["norm_gain"] = sum(float((st * st).sum()) for st in gain_steps.values())
+        weight_sq["norm_gain"] = float(sum(st.numel() for st in gain_steps.values()))
     return {
         "update_rms": [trms(dx) for dx in diffs],
         # a state that does not move (l = 0; every state of rezero, whose alpha = 0 cuts the weights'

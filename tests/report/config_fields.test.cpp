@@ -62,12 +62,12 @@ TEST_CASE("the sweep model holds the fields every cell shares and the options re
 
 TEST_CASE("check compares the configuration fields that change what a run measures") {
   CHECK(compared_config_keys() ==
-        std::vector<std::string>{"blocks",         "sublayers",     "block",     "width",
-                                 "heads",          "ffn_hidden",    "seq",       "norm",
-                                 "norm_eps",       "init",          "precision", "branch",
-                                 "probes",         "input_corr",    "ffn",       "kv_heads",
-                                 "rope_theta",     "rope_fraction", "bias",      "update_step",
-                                 "learning_rates", "keel_variant"});
+        std::vector<std::string>{"blocks",         "sublayers",     "block",         "width",
+                                 "heads",          "ffn_hidden",    "seq",           "norm",
+                                 "norm_eps",       "init",          "precision",     "branch",
+                                 "probes",         "input_corr",    "ffn",           "kv_heads",
+                                 "rope_theta",     "rope_fraction", "bias",          "update_step",
+                                 "learning_rates", "update_params", "keel_variant"});
   CHECK(config_flag("blocks") == "--depth");
   CHECK(config_flag("keel_variant") == "--keel-variant");
   CHECK(config_flag("norm_eps") == "--norm-eps");

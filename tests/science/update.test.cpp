@@ -1,7 +1,7 @@
 // The model update (--update; src/science/update.cpp, issue 18, acceptance 1 and 2): one SGD step
 // is linear in the learning rate for small eta, its measured Delta L is the first-order prediction
 // sum_l update_loss_l, and the stepped forward pass moves each state by the JVP of the forward
-// pass along Delta theta, up to O(eta^2).
+// pass along Delta theta, up to O(eta^2); with --update-params all, theta includes the norm gains.
 #include "science/update.hpp"
 
 #include <doctest/doctest.h>
@@ -66,6 +66,8 @@ double squared_norm(const State<double>& state) {
 
 // The largest ||Delta x_l - J Delta theta|| / ||J Delta theta|| over the states, with the tangent
 // J Delta theta carried up the stack by the JVP of each sublayer along (x-tangent, Delta theta_l).
+// With config.update_norm_gains, Delta theta includes the norms' Delta gamma, and the JVP carries
+// the gain tangent (dy = dgamma * N(x) + dN at gamma = 1).
 double worst_linearisation_error(const ModelConfig& config, const Architecture& arch, double lr) {
   const Constants constants = resolve_constants(arch, config);
   SeedAnalysis<double> analysis(config, arch, constants, 2, {}, 1, empty_result(config, arch));
@@ -75,14 +77,25 @@ double worst_linearisation_error(const ModelConfig& config, const Architecture& 
   State<double> tangent, stepped = run.state(0), next;
   for (const auto& m : stepped) tangent.push_back(Mat<double>::Zero(m.rows(), m.cols()));
   SublayerWeights<double> gradient, step, moved;
+  std::vector<Mat<double>> gain_gradient, gain_delta, gains;
   double worst = 0;
   for (int l = 0; l < run.sublayers(); ++l) {
-    auto branch = sublayer_weight_gradient(analysis, l, gradient);
+    auto branch =
+        sublayer_weight_gradient(analysis, l, gradient, config.update_norm_gains ? &gain_gradient : nullptr);
     const SublayerWeights<double>& weights = *branch.weights;
     optimizer_step(UpdateRule::sgd, lr, config.sublayer_kind(l), gradient,
                    analysis.probes.probe0_log_scale[l + 1], step);
-    run.executor().jvp(run.graph(), tangent, branch, next, &step);  // after the forward on x_l
+    if (config.update_norm_gains) {
+      gain_step(UpdateRule::sgd, lr, gain_gradient, analysis.probes.probe0_log_scale[l + 1], gain_delta);
+      gains.resize(gain_delta.size());
+      for (std::size_t id = 0; id < gain_delta.size(); ++id)
+        gains[id] = (gain_delta[id].array() + 1.0).matrix();
+    }
+    // after the forward on x_l
+    run.executor().jvp(run.graph(), tangent, branch, next, &step,
+                       config.update_norm_gains ? &gain_delta : nullptr);
     tangent = next;
+    if (config.update_norm_gains) branch.norm_gains = &gains;
     const auto [first, last] = matrix_range(config.sublayer_kind(l));
     for (int m = first; m < last; ++m) *matrices(moved)[m] = *matrices(weights)[m] + *matrices(step)[m];
     branch.weights = &moved;
@@ -99,16 +112,20 @@ double worst_linearisation_error(const ModelConfig& config, const Architecture& 
 }
 }  // namespace
 
-TEST_CASE("one SGD step: output_update_rel is linear in eta and Delta L matches sum_l update_loss_l (f64)") {
+namespace {
+void check_linear_in_eta(bool norm_gains) {
   const std::vector<double> rates = {1e-8, 1e-7, 1e-6, 1e-5};
-  const ModelConfig config = small_config(UpdateRule::sgd, rates);
+  ModelConfig config = small_config(UpdateRule::sgd, rates);
+  config.update_norm_gains = norm_gains;
   for (const Architecture& arch : architectures()) {
     CAPTURE(arch.id);
+    CAPTURE(norm_gains);
     const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 1);
     REQUIRE(run.updates.size() == rates.size());
     if (arch.id == "rezero") {
       // ReZero's alpha = 0 at init multiplies every branch: no weight matrix has a gradient, so a
-      // step on the matrices moves nothing (exactly), at every learning rate.
+      // step on the matrices moves nothing (exactly), at every learning rate; it has no norm, so
+      // --update-params all steps nothing more.
       for (const UpdateStep& step : run.updates) {
         CHECK(step.output_update_rel == 0.0);
         CHECK(step.delta_loss_first_order == 0.0);
@@ -122,13 +139,44 @@ TEST_CASE("one SGD step: output_update_rel is linear in eta and Delta L matches 
     CHECK(std::abs(at_1e7.delta_loss - at_1e7.delta_loss_first_order) <=
           1e-4 * std::abs(at_1e7.delta_loss_first_order));
     CHECK(at_1e7.delta_loss_first_order < 0);  // a descent step lowers L to first order
+    // step_rel has norm_gain exactly when the gains take the step (and the stack has a norm).
+    if (!norm_gains) CHECK(std::isnan(at_1e7.step_rel_norm_gain));
   }
 }
+}  // namespace
 
-TEST_CASE("the stepped forward pass moves each state by the JVP along Delta theta, up to O(eta^2) (f64)") {
-  const ModelConfig config = small_config(UpdateRule::sgd, {1e-6});
+TEST_CASE("one SGD step: output_update_rel is linear in eta and Delta L matches sum_l update_loss_l (f64)") {
+  check_linear_in_eta(false);
+}
+
+TEST_CASE(
+    "one SGD step on the matrices and the norm gains: linear in eta, Delta L matches sum_l update_loss_l") {
+  check_linear_in_eta(true);
+}
+
+TEST_CASE(
+    "--update-params all steps the gains of every norm: pre-ln's first-order change grows by <g, Delta g>") {
+  ModelConfig config = small_config(UpdateRule::adam, {1e-3});
+  const Architecture& arch = find_architecture("pre-ln");
+  const SeedResult matrices_only = analyze_seed(config, arch, resolve_constants(arch, config), 1);
+  config.update_norm_gains = true;
+  const SeedResult all = analyze_seed(config, arch, resolve_constants(arch, config), 1);
+  // Adam's first step: <g, Delta theta> = -eta ||g||_1, so the gains add a strictly negative term;
+  // every entry steps by about eta, so norm(Delta gamma) / norm(gamma) is about eta.
+  CHECK(all.updates[0].delta_loss_first_order < matrices_only.updates[0].delta_loss_first_order);
+  CHECK(all.updates[0].step_rel_norm_gain == doctest::Approx(1e-3).epsilon(1e-2));
+  for (int m = 0; m < kMatrixKindCount; ++m)
+    CHECK(all.updates[0].step_rel[m] == matrices_only.updates[0].step_rel[m]);
+  CHECK(std::isnan(matrices_only.updates[0].step_rel_norm_gain));
+}
+
+namespace {
+void check_jvp_along_step(bool norm_gains) {
+  ModelConfig config = small_config(UpdateRule::sgd, {1e-6});
+  config.update_norm_gains = norm_gains;
   for (const char* id : {"pre-ln", "post-ln", "deepnorm", "keel", "hybridnorm", "ngpt"}) {
     CAPTURE(id);
+    CAPTURE(norm_gains);
     const Architecture& arch = find_architecture(id);
     const double coarse = worst_linearisation_error(config, arch, 1e-5);
     const double fine = worst_linearisation_error(config, arch, 1e-6);
@@ -137,6 +185,16 @@ TEST_CASE("the stepped forward pass moves each state by the JVP along Delta thet
     // The error is O(eta^2), the tangent O(eta): the relative error falls 10x with eta.
     CHECK(coarse / fine == doctest::Approx(10.0).epsilon(0.2));
   }
+}
+}  // namespace
+
+TEST_CASE("the stepped forward pass moves each state by the JVP along Delta theta, up to O(eta^2) (f64)") {
+  check_jvp_along_step(false);
+}
+
+TEST_CASE(
+    "with the norm gains stepped too, the stepped states move by the JVP along (Delta theta, Delta gamma)") {
+  check_jvp_along_step(true);
 }
 
 TEST_CASE("the update's weight gradients and JVP hold with shared key/value heads and rotary embeddings") {
