@@ -108,7 +108,7 @@ TEST_CASE("gated FFNs (SwiGLU, GeGLU) match central differences, backward and JV
           FfnCache<double> cache;
           MatD out, d_out;
           ffn_forward(in, w, options, cache, out);
-          ffn_jvp(w, options, cache, tangent, d_out);
+          ffn_jvp(in, w, options, cache, tangent, d_out);
           return d_out;
         };
         CHECK(backward_relative_error(x, forward, backward) <= kFiniteDifferenceTolerance);
