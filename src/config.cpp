@@ -127,13 +127,15 @@ void validate_update(const ModelConfig& config) {
     if (!config.learning_rates.empty())
       throw InputError("--lr is the learning rate of --update, which is not given; add --update adam");
     if (config.update_norm_gains)
-      throw InputError("--update-params all says what --update steps, and --update is not given; add --update adam");
+      throw InputError(
+          "--update-params all says what --update steps, and --update is not given; add --update adam");
     return;
   }
   if (config.branch == BranchKind::rotation) {
-    throw InputError(fmt::format("--update {} steps the branch weights, and --ideal-branch has none; drop "
-                                 "--ideal-branch or --update",
-                                 to_string(config.update)));
+    throw InputError(
+        fmt::format("--update {} steps the branch weights, and --ideal-branch has none; drop "
+                    "--ideal-branch or --update",
+                    to_string(config.update)));
   }
   if (config.learning_rates.empty() || config.learning_rates.size() > kMaxLearningRates) {
     throw InputError(fmt::format("--lr takes 1 to {} learning rates, not {}; try --lr 1e-3",

@@ -255,7 +255,8 @@ void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& op
   const bool qk_normalised = options.qkv_norm != QkvNorm::none;
   const bool v_normalised = options.qkv_norm == QkvNorm::per_head_qkv;
   const Eigen::Index width = x.cols();
-  for (Mat<Scalar>* m : {&gradients.w_q, &gradients.w_k, &gradients.w_v, &gradients.w_o}) m->resize(width, width);
+  for (Mat<Scalar>* m : {&gradients.w_q, &gradients.w_k, &gradients.w_v, &gradients.w_o})
+    m->resize(width, width);
   multiply_first_transposed(x, qk_normalised ? cache.d_q_raw : cache.d_q, gradients.w_q);  // (d, d) = x^T dQ
   multiply_first_transposed(x, qk_normalised ? cache.d_k_raw : cache.d_k, gradients.w_k);
   multiply_first_transposed(x, v_normalised ? cache.d_v_raw : cache.d_v, gradients.w_v);

@@ -182,8 +182,9 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
 
 template <typename Scalar>
 void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
-             FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out, const SublayerWeights<Scalar>* d_w) {
-  cache.d_hidden.noalias() = d_x * w.w_1;  // (P*T, 4d)
+             FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
+             const SublayerWeights<Scalar>* d_w) {
+  cache.d_hidden.noalias() = d_x * w.w_1;             // (P*T, 4d)
   if (d_w) cache.d_hidden.noalias() += x * d_w->w_1;  // product rule: d(x W) = dx W + x dW
   if (options.hidden_scale != 1.0) cache.d_hidden *= static_cast<Scalar>(options.hidden_scale);
   cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
@@ -230,11 +231,11 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
   template double symmetric_inner<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&);                           \
   template void shared_input_grams<Scalar>(int, const Mat<Scalar>&, const Mat<Scalar>&,                      \
                                            std::vector<Mat<Scalar>>&);                                       \
-  template void ffn_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,      \
+  template void ffn_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,       \
                                 FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&,                         \
                                 const SublayerWeights<Scalar>*);                                             \
-  template void ffn_weight_gradients<Scalar>(const Mat<Scalar>&, const FfnCache<Scalar>&, const Mat<Scalar>&, \
-                                             SublayerWeights<Scalar>&);                                      \
+  template void ffn_weight_gradients<Scalar>(const Mat<Scalar>&, const FfnCache<Scalar>&,                    \
+                                             const Mat<Scalar>&, SublayerWeights<Scalar>&);                  \
   template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                  \
   template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_FFN(float)
