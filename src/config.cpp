@@ -216,7 +216,8 @@ void validate_update(const ModelConfig& config) {
     if (!config.learning_rates.empty())
       throw InputError("--lr is the learning rate of --update, which is not given; add --update adam");
     if (config.update_norm_gains)
-      throw InputError("--update-params all says what --update steps, and --update is not given; add --update adam");
+      throw InputError(
+          "--update-params all says what --update steps, and --update is not given; add --update adam");
     return;
   }
   if (config.branch == BranchKind::rotation) {

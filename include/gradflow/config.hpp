@@ -96,7 +96,9 @@ struct ModelConfig {
   // --update-params all: the norms' gains (gamma, 1 at init) take the step too; matrices: only
   // the weight matrices.
   bool update_norm_gains = false;
-  int update_count() const { return update == UpdateRule::none ? 0 : static_cast<int>(learning_rates.size()); }
+  int update_count() const {
+    return update == UpdateRule::none ? 0 : static_cast<int>(learning_rates.size());
+  }
 
   int sublayers_per_block() const { return block == BlockKind::attn_ffn ? 2 : 1; }
   int sublayers() const { return blocks * sublayers_per_block(); }
@@ -130,7 +132,7 @@ void validate(const ModelConfig& config);
 inline constexpr int kAnglesMaxSublayers = 4096;             // --angles all is O(S^2 T d)
 inline constexpr long long kExactJacobianMaxEntries = 4096;  // --exact-jacobian: T * d * streams
 inline constexpr int kSpectrumMaxColumns = 64;               // --spectrum k
-inline constexpr double kDefaultLearningRate = 1e-3;        // --update without --lr
+inline constexpr double kDefaultLearningRate = 1e-3;         // --update without --lr
 inline constexpr std::size_t kMaxLearningRates = 16;         // --lr: one stepped forward pass each
 
 // Bytes an analysis of this configuration needs at peak (residual states plus one sublayer's

@@ -95,14 +95,16 @@ ModelConfig resolve_model(const ModelOptions& options, const std::function<void(
   model.ffn = parse_ffn_kind(options.ffn);
   model.precision = parse_precision(options.precision);
   model.update = parse_update_rule(options.update);
-  if (model.update != UpdateRule::none && model.learning_rates.empty()) model.learning_rates = {kDefaultLearningRate};
+  if (model.update != UpdateRule::none && model.learning_rates.empty())
+    model.learning_rates = {kDefaultLearningRate};
   if (!options.update_params.empty() && model.update == UpdateRule::none) {
     throw InputError(
         fmt::format("--update-params {} says what --update steps, and --update is not given; add "
                     "--update adam",
                     options.update_params));
   }
-  if (!options.update_params.empty() && options.update_params != "matrices" && options.update_params != "all") {
+  if (!options.update_params.empty() && options.update_params != "matrices" &&
+      options.update_params != "all") {
     throw InputError(fmt::format("--update-params \"{}\" is not matrices or all; try --update-params all",
                                  options.update_params));
   }

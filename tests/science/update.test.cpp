@@ -10,6 +10,7 @@
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/initialization.hpp"
+#include "support/small_model.hpp"
 
 using namespace gradflow;
 
@@ -20,12 +21,7 @@ void compute_probe_backward(SeedAnalysis<Scalar>&);  // families.cpp's probe bac
 
 namespace {
 ModelConfig small_config(UpdateRule rule, std::vector<double> learning_rates) {
-  ModelConfig config;
-  config.blocks = 3;
-  config.width = 16;
-  config.heads = 2;
-  config.seq = 5;
-  config.precision = Precision::f64;
+  ModelConfig config = testing::small_model(3, 16, 2, 5);
   config.update = rule;
   config.learning_rates = std::move(learning_rates);
   return config;

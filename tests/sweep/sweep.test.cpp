@@ -101,7 +101,11 @@ TEST_CASE("fit_sweep fits output_update_rel's exponent against S per learning ra
     const double p = cell.arch == "post-ln" ? 0.5 : 0.0;
     const double noise = 1.0 + 0.02 * (static_cast<double>(cell.seed) - 1.0);
     // learning rate 1e-3 moves the output 10x as far as 1e-4, with the same exponent
-    cells.push_back({cell, sublayers, 1.0, 0.0, {1e-4, 1e-3},
+    cells.push_back({cell,
+                     sublayers,
+                     1.0,
+                     0.0,
+                     {1e-4, 1e-3},
                      {1e-4 * noise * std::pow(sublayers, p), 1e-3 * noise * std::pow(sublayers, p + 0.25)}});
   }
   const auto fits = fit_sweep(grid, cells);
