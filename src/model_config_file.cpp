@@ -225,10 +225,13 @@ void read_ffn(KeyReader& keys, const KeyNames& names, const Family& family, Shap
                                      act_key, activation));
   const json* hidden =
       family.gated ? &keys.required(names.ffn_hidden, "the FFN's hidden width") : keys.find(names.ffn_hidden);
-  const int ffn_hidden =
-      hidden ? keys.integer(names.ffn_hidden, *hidden, kMaxWidth) : kFfnMultiple * shape.width;
-  add(file, "ffn_hidden", "--ffn-hidden",
-      hidden ? from_file(names.ffn_hidden) : "default of model_type gpt2 (4 d)", ffn_hidden,
+  if (!hidden) {  // GPT2Config: n_inner None is 4 * hidden_size, the run's width (--width included)
+    add(file, "ffn_hidden", "--ffn-hidden", "default of model_type gpt2 (4 d)", kFfnMultiple * shape.width,
+        [](ModelConfig& m) { m.ffn_hidden_width = 0; });
+    return;
+  }
+  const int ffn_hidden = keys.integer(names.ffn_hidden, *hidden, kMaxWidth);
+  add(file, "ffn_hidden", "--ffn-hidden", from_file(names.ffn_hidden), ffn_hidden,
       [ffn_hidden](ModelConfig& m) { m.ffn_hidden_width = ffn_hidden; });
 }
 
