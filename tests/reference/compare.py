@@ -302,7 +302,9 @@ def file_reference(args, placement, exp, run):
     """The placement file through placement_file.py: (figures, notes, mismatch of constants or recorded file).
     docs/placement-files.md: config.constants holds each named constant at the last sublayer, and
     config.placement_file the file's text and its FNV-1a 64 hash."""
-    overrides = {"block": args.block, "norm": args.norm, "heads": args.heads}
+    overrides = {"block": args.block, "norm": args.norm, "heads": args.heads, "ffn": args.ffn,
+                 "kv_heads": args.kv_heads, "rope_theta": args.rope_theta, "rope_fraction": args.rope_fraction,
+                 "norm_eps": args.norm_eps, "bias": True if args.bias else None}
     ref = PF.run_reference(placement, exp, overrides)
     notes, mismatch = list(ref["notes"]), False
     cfg = run.get("config") or {}

@@ -167,7 +167,7 @@ def causal_softmax(scores):
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
-def attention(x, W, heads, qk="none", qk_norm=rms_norm, kv_heads=None, rope=None):
+def attention(x, W, heads, qk="none", qk_norm=rms_norm, kv_heads=None, rope=None, score_scale=None):
     """[C] Attn(X): Q = X W_Q, K = X W_K, V = X W_V; per head softmax(causal(Q_h K_h^T / sqrt(d_h))) V_h;
     concat heads; @ W_O.  Variants (all part of F, [C] "including any q/k/v norms inside attention"):
       qk="qkv-per-head": [A] hybridnorm "per-head RMSNorm on Q, K and V"
@@ -176,6 +176,7 @@ def attention(x, W, heads, qk="none", qk_norm=rms_norm, kv_heads=None, rope=None
     Issue 19: kv_heads key/value heads (Ainslie et al. 2023, arXiv 2305.13245), each repeated for its
     heads/kv_heads query heads with repeat_interleave (HF repeat_kv); rope = (theta, rotary dims) rotates
     q and k after any q/k norm (HF Llama, Qwen3, OLMo 2); biases b_Q, b_K, b_V, b_O when exported.
+    score_scale: a placement file's softmax scale, replacing the one above (docs/placement-files.md).
     """
     kv_heads = kv_heads or heads
     Q, K, V = linear(x, W, "Q", True), linear(x, W, "K", True), linear(x, W, "V", True)
@@ -190,6 +191,8 @@ def attention(x, W, heads, qk="none", qk_norm=rms_norm, kv_heads=None, rope=None
         scale = math.sqrt(dh)           # [A] ngpt: softmax scale sqrt(d_h) (multiplies)
     else:
         scale = 1.0 / math.sqrt(dh)     # [C] Q_h K_h^T / sqrt(d_h)
+    if score_scale is not None:
+        scale = score_scale
     if rope is not None:
         R = rope_matrices(Qh.shape[1], dh, rope[1], rope[0])
         Qh = torch.einsum("htd,tde->hte", Qh, R)

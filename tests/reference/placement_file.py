@@ -4,8 +4,9 @@
 Written from docs/placement-files.md alone (never from the C++ loader); [P] cites that page. A file is
 parsed with tomllib, its constant expressions, conditions and rules with the small recursive-descent
 parser below (the grammar of [P] "Rule grammar"), and `FileStack` builds the placement's stack on an
-export's weights with the reference's own ops (gradflow_reference.py: norms, attention pieces, FFN), so
-gradflow_reference.analyze() computes the same figures as for a built-in.
+export's weights with the reference's own ops (gradflow_reference.py: norms, attention, FFN, and issue 19's
+gated FFNs, shared key/value heads, rotary embeddings, biases and norm epsilon, read from the export's config
+as for a built-in), so gradflow_reference.analyze() computes the same figures as for a built-in.
 
   /usr/bin/python3 placement_file.py FILE.toml EXPORT.safetensors [-o OUT.json]
 """
@@ -445,9 +446,11 @@ class FileStack:
     """Same interface as gradflow_reference.Stack (init_state, sublayer, output, forward, streams, kinds, S),
     so gradflow_reference.analyze() computes the figures."""
 
-    def __init__(self, placement, weights, heads, block, norm, d, T, branch="model", sublayers=None):
+    def __init__(self, placement, weights, heads, block, norm, d, T, branch="model", sublayers=None, ops=None):
         self.p, self.W, self.heads, self.block, self.branch = placement, weights, heads, block, branch
-        self.N = R.NORMS[norm]
+        # issue 19's block ops, as gradflow_reference.Stack takes them (R.block_ops of the export's config)
+        self.ops = dict({"ffn": "gelu", "kv_heads": None, "rope": None, "eps": R.EPS}, **(ops or {}))
+        self.N = lambda x, _n=R.NORMS[norm], _eps=self.ops["eps"]: _n(x, _eps)  # [P] N: --norm, --norm-eps
         self.S = len(weights) if sublayers is None else int(sublayers)
         self.per_block = 2 if block == "attn-ffn" else 1
         if self.S % self.per_block:
@@ -556,10 +559,10 @@ class Evaluation:
         elif self.st.kinds[l] == "attn":
             dh = self.st.sizes["d"] / self.st.heads
             scale_ = w.value(e.score_scale) if e.score_scale is not None else 1.0 / math.sqrt(dh)
-            out = attention(x, self.st.W[l], self.st.heads, e.qkv_norm, scale_)
+            out = attention(x, self.st.W[l], self.st.heads, e.qkv_norm, scale_, self.st.ops)
         else:
             hidden = w.value(e.ffn_hidden_scale) if e.ffn_hidden_scale is not None else 1.0
-            out = R.ffn(x, self.st.W[l], hidden)
+            out = R.ffn(x, self.st.W[l], hidden, self.st.ops["ffn"])
         return out.detach() if self.detach else out
 
     def update_and_sum(self):
@@ -597,20 +600,20 @@ def scale(x, c):
     return x if c == 1.0 else x * c  # [P] a scale by exactly 1 builds no node
 
 
-def attention(x, W, heads, qkv_norm, score_scale):
+# [P] `qkv_norm` -> the q/k/v norm of gradflow_reference.attention that the page describes
+QK_VARIANTS = {"none": "none", "per_head_qkv": "qkv-per-head", "full_qk": "qk-full", "per_head_qk_unit": "ngpt"}
+
+
+def attention(x, W, heads, qkv_norm, score_scale, ops=None):
     """[P] F for attention with `qkv_norm` and `score_scale`: Q = x W_Q, K = x W_K, V = x W_V, per head
-    softmax(causal(score_scale * Q_h K_h^T)) V_h, heads concatenated, @ W_O (docs/placements.md)."""
-    Q, K, V = x @ W["W_Q"], x @ W["W_K"], x @ W["W_V"]
-    rms = R.NORMS["rms"]  # [P] q/k/v norms are RMSNorm whatever --norm is
-    if qkv_norm == "full_qk":
-        Q, K = rms(Q), rms(K)  # [P] RMSNorm over the full q and k (OLMo 2)
-    Qh, Kh, Vh = R.split_heads(Q, heads), R.split_heads(K, heads), R.split_heads(V, heads)
-    if qkv_norm == "per_head_qkv":
-        Qh, Kh, Vh = rms(Qh), rms(Kh), rms(Vh)  # [P] RMSNorm on each head's q, k and v (HybridNorm)
-    if qkv_norm == "per_head_qk_unit":
-        Qh, Kh = R.unit(Qh), R.unit(Kh)  # [P] unit-normalised q and k per head (nGPT)
-    P = R.causal_softmax((Qh @ Kh.transpose(-1, -2)) * score_scale)
-    return R.merge_heads(P @ Vh) @ W["W_O"]
+    softmax(causal(score_scale * Q_h K_h^T)) V_h, heads concatenated, @ W_O (docs/placements.md), through the
+    reference's own attention: per_head_qkv is RMSNorm on each head's q, k and v (HybridNorm), full_qk RMSNorm
+    over the full q and k (OLMo 2), per_head_qk_unit unit q and k per head (nGPT); [P] q/k/v norms are RMSNorm
+    whatever --norm is. `ops` (R.block_ops): shared key/value heads, rotary embeddings, the norm epsilon."""
+    ops = ops or {}
+    eps = ops.get("eps", R.EPS)
+    return R.attention(x, W, heads, QK_VARIANTS[qkv_norm], lambda v: R.rms_norm(v, eps), ops.get("kv_heads"),
+                       ops.get("rope"), score_scale)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -626,7 +629,8 @@ def fnv1a64(data):
 
 def build_from_export(placement, path, overrides=None):
     """(stack, x0, probes, cfg, notes) for a placement file on gradflow's exported weights. `overrides`
-    (block, norm, heads) are what the caller asked gradflow for and take precedence over the config."""
+    (block, norm, heads, and issue 19's R.OPS_KEYS) are what the caller asked gradflow for and take
+    precedence over the config."""
     arch, cfg, meta, x0, probes, weights = R.load_export(path)
     ov = {k: v for k, v in (overrides or {}).items() if v is not None}
     notes = []
@@ -637,8 +641,10 @@ def build_from_export(placement, path, overrides=None):
     S = int(cfg["sublayers"]) if branch == "rotation" else len(weights)
     if branch == "rotation":
         weights = [{} for _ in range(S)]
-    stack = FileStack(placement, weights, int(ov.get("heads", cfg.get("heads", 1))), ov.get("block", cfg.get(
-        "block", "attn-ffn")), ov.get("norm", cfg.get("norm", "rms")), d, T, branch, S)
+    heads = int(ov.get("heads", cfg.get("heads", 1)))
+    ops = R.block_ops({**cfg, **{k: ov[k] for k in R.OPS_KEYS if k in ov}}, heads, d)
+    stack = FileStack(placement, weights, heads, ov.get("block", cfg.get("block", "attn-ffn")),
+                      ov.get("norm", cfg.get("norm", "rms")), d, T, branch, S, ops)
     return stack, x0, probes, cfg, notes
 
 

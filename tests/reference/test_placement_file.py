@@ -108,6 +108,50 @@ def built_ins_as_files_match_the_hand_written_reference():
     print(f"     built-ins as files vs hand-written reference: worst relative difference {worst:.1e}")
 
 
+def ops_export(arch, block, norm, ffn, kv_heads, name, B=3, d=16, T_=5, heads=4):
+    """A synthetic export with issue 19's ops: K/V projections of kv_heads heads, W_3 for a gated FFN, a bias
+    on every projection, rotary embeddings on half of each head, norm epsilon 1e-5."""
+    import json
+    import numpy as np
+    rng = np.random.default_rng(7)
+    t = T.make_tensors(B, d, T_, block)
+    kv = d // heads * kv_heads
+    for key in list(t):
+        if key.endswith(("W_K", "W_V")):
+            t[key] = t[key][:, :kv].copy()
+        if key.endswith("W_1") and ffn != "gelu":
+            t[key[:-1] + "3"] = rng.normal(0.0, 0.2, size=t[key].shape)
+    for key in [k for k in t if ".W_" in k]:
+        t[key.replace(".W_", ".b_")] = rng.normal(0.0, 0.1, size=t[key].shape[1])
+    cfg = {"arch": arch, "blocks": B, "width": d, "heads": heads, "seq": T_, "block": block, "norm": norm,
+           "norm_eps": 1e-5, "precision": "f64", "probes": 1, "constants": {}, "ffn": ffn, "kv_heads": kv_heads,
+           "rope_theta": 500.0, "rope_fraction": 0.5, "bias": True}
+    path = os.path.join(T.TMP, name)
+    R.write_safetensors(path, t, {"arch": arch, "seed": 0, "config": json.dumps(cfg)})
+    return path
+
+
+@test
+def built_ins_as_files_take_the_new_block_ops():
+    """Issue 19's ops (gated FFNs, shared key/value heads, rotary embeddings, biases, norm epsilon) read from
+    the export's config reach F and N of a file as they reach the hand-written formulas; and they matter."""
+    worst, moved = 0.0, 0.0
+    for arch in ("pre-ln", "hybridnorm", "olmo2", "ngpt", "resi-dual"):
+        for block, norm, ffn, kv in (("attn-ffn", "rms", "swiglu", 2), ("attn-ffn", "layer", "geglu", 1)):
+            path = ops_export(arch, block, norm, ffn, kv, f"pf_ops_{arch}_{norm}_{ffn}.st")
+            hand = R.run_reference(path)
+            mine = PF.run_reference(placement(BUILT_INS[arch], arch), path)
+            try:
+                worst = max(worst, figures_equal(hand, mine))
+            except AssertionError as e:
+                raise AssertionError(f"{arch} {block} {norm} {ffn} kv_heads {kv}: {e}")
+            plain = PF.run_reference(placement(BUILT_INS[arch], arch), T.make_export(
+                arch, B=3, heads=4, block=block, norm=norm, name=f"pf_plain_{arch}_{norm}.st"))
+            moved = max(moved, abs(plain["states"]["rms"][-1] - mine["states"]["rms"][-1]))
+    assert moved > 1e-3, moved
+    print(f"     built-ins as files with issue 19's ops vs hand-written reference: worst {worst:.1e}")
+
+
 @test
 def shipped_files_read_and_restate_their_built_ins():
     """Every data/placements/**/*.toml is read by the interpreter and runs; one whose id is a built-in's (or
