@@ -61,6 +61,16 @@ def verbose_lists_the_unused_keys_once():
 
 
 @test
+def seq_stays_64_without_the_flag():
+    """The file's context length (max_position_embeddings 131072) is only an upper bound: T stays 64."""
+    document, _ = analyze("--config", "llama-3.2-1b", "--depth", "1", "--width", "64", "--heads", "4",
+                          "--kv-heads", "2", "--ffn-hidden", "128", "-q", "--format", "json", "--no-timing")
+    config = document["runs"][0]["config"]
+    assert config["seq"] == 64 and config["config_file"]["sources"]["seq"] == "default", config
+    assert config["rope_theta"] == 500000.0 and config["ffn"] == "swiglu", config
+
+
+@test
 def no_config_file_without_config():
     document, _ = analyze("--arch", "keel", *SMALL)
     assert "config_file" not in document["runs"][0]["config"]
