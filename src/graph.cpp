@@ -312,9 +312,9 @@ void GraphExecutor<Scalar>::weight_gradients(const SublayerGraph& graph, const B
   const Mat<Scalar>& input = values_[graph.nodes()[branch - graph.input_count()].lhs];
   if (context.kind == SublayerKind::attn) {
     attention_weight_gradients(input, attention_options(graph, context), attention_, cotangents_[branch],
-                               gradients);
+                               gradients, context.shards);
   } else {
-    ffn_weight_gradients(input, ffn_, cotangents_[branch], gradients);
+    ffn_weight_gradients(input, ffn_, cotangents_[branch], gradients, context.shards);
   }
 }
 

@@ -153,11 +153,13 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
                    AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
                    const SublayerWeights<Scalar>* d_w = nullptr);
 // After attention_backward of one probe's d_out (T rows): dL/dW = X^T dY for each product
-// Y = X W (W_Q, W_K, W_V from x, W_O from the context), formed in full (--update).
+// Y = X W (W_Q, W_K, W_V from x, W_O from the context), formed in full (--update). With shards,
+// W_Q and W_K on one, W_V and W_O on the other: each product is whole on one thread, so the bits
+// do not depend on the thread count.
 template <typename Scalar>
 void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& options,
                                 const AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                                SublayerWeights<Scalar>& gradients);
+                                SublayerWeights<Scalar>& gradients, ShardPair* shards = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Feed-forward: out = gelu(s x W_1) W_2, hidden 4d, no biases (Vaswani et al. 2017, Eq. 2), with
@@ -193,10 +195,11 @@ template <typename Scalar>
 void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
              FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
              const SublayerWeights<Scalar>* d_w = nullptr);
-// After ffn_backward of one probe's d_out: dL/dW_2 = H^T dY, dL/dW_1 = x^T dL/d(x W_1).
+// After ffn_backward of one probe's d_out: dL/dW_2 = H^T dY, dL/dW_1 = x^T dL/d(x W_1); with
+// shards, one product on each (the same FLOPs), whole on one thread as for attention.
 template <typename Scalar>
 void ffn_weight_gradients(const Mat<Scalar>& x, const FfnCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                          SublayerWeights<Scalar>& gradients);
+                          SublayerWeights<Scalar>& gradients, ShardPair* shards = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // The idealised branch: a fixed 90-degree rotation within coordinate pairs (2i, 2i+1), so that

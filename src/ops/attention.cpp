@@ -250,17 +250,26 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
 template <typename Scalar>
 void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& options,
                                 const AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                                SublayerWeights<Scalar>& gradients) {
+                                SublayerWeights<Scalar>& gradients, ShardPair* shards) {
   // projection_backward's choice: the cotangent before a q/k/v norm where there is one.
   const bool qk_normalised = options.qkv_norm != QkvNorm::none;
   const bool v_normalised = options.qkv_norm == QkvNorm::per_head_qkv;
   const Eigen::Index width = x.cols();
   for (Mat<Scalar>* m : {&gradients.w_q, &gradients.w_k, &gradients.w_v, &gradients.w_o})
     m->resize(width, width);
-  multiply_first_transposed(x, qk_normalised ? cache.d_q_raw : cache.d_q, gradients.w_q);  // (d, d) = x^T dQ
-  multiply_first_transposed(x, qk_normalised ? cache.d_k_raw : cache.d_k, gradients.w_k);
-  multiply_first_transposed(x, v_normalised ? cache.d_v_raw : cache.d_v, gradients.w_v);
-  multiply_first_transposed(cache.context, d_out, gradients.w_o);
+  const auto products = [&](int shard) {
+    if (shard == 0) {
+      multiply_first_transposed(x, qk_normalised ? cache.d_q_raw : cache.d_q,
+                                gradients.w_q);  // (d, d) = x^T dQ
+      multiply_first_transposed(x, qk_normalised ? cache.d_k_raw : cache.d_k, gradients.w_k);
+    } else {
+      multiply_first_transposed(x, v_normalised ? cache.d_v_raw : cache.d_v, gradients.w_v);
+      multiply_first_transposed(cache.context, d_out, gradients.w_o);
+    }
+  };
+  if (shards) return shards->run(products);
+  products(0);
+  products(1);
 }
 
 #define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                              \
@@ -275,7 +284,7 @@ void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& op
                                       Mat<Scalar>&, const SublayerWeights<Scalar>*);                        \
   template void attention_weight_gradients<Scalar>(const Mat<Scalar>&, const AttentionOptions&,             \
                                                    const AttentionCache<Scalar>&, const Mat<Scalar>&,       \
-                                                   SublayerWeights<Scalar>&);
+                                                   SublayerWeights<Scalar>&, ShardPair*);
 GRADFLOW_INSTANTIATE_ATTENTION(float)
 GRADFLOW_INSTANTIATE_ATTENTION(double)
 

@@ -195,11 +195,20 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
 
 template <typename Scalar>
 void ffn_weight_gradients(const Mat<Scalar>& x, const FfnCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                          SublayerWeights<Scalar>& gradients) {
+                          SublayerWeights<Scalar>& gradients, ShardPair* shards) {
   gradients.w_1.resize(x.cols(), cache.d_hidden_pre.cols());
   gradients.w_2.resize(cache.hidden.cols(), d_out.cols());
-  multiply_first_transposed(x, cache.d_hidden_pre, gradients.w_1);  // d_hidden_pre: dL/d(x W_1), s applied
-  multiply_first_transposed(cache.hidden, d_out, gradients.w_2);
+  const auto products = [&](int shard) {
+    if (shard == 0) {
+      // d_hidden_pre: dL/d(x W_1), s applied
+      multiply_first_transposed(x, cache.d_hidden_pre, gradients.w_1);
+    } else {
+      multiply_first_transposed(cache.hidden, d_out, gradients.w_2);
+    }
+  };
+  if (shards) return shards->run(products);
+  products(0);
+  products(1);
 }
 
 template <typename Scalar>
@@ -235,7 +244,7 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
                                 FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&,                         \
                                 const SublayerWeights<Scalar>*);                                             \
   template void ffn_weight_gradients<Scalar>(const Mat<Scalar>&, const FfnCache<Scalar>&,                    \
-                                             const Mat<Scalar>&, SublayerWeights<Scalar>&);                  \
+                                             const Mat<Scalar>&, SublayerWeights<Scalar>&, ShardPair*);      \
   template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                  \
   template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_FFN(float)
