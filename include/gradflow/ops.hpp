@@ -138,11 +138,14 @@ template <typename Scalar>
 void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                        const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out,
                        ShardPair* shards = nullptr, bool with_output = true);
+// dx += the input's cotangent; dx = nullptr stops at the weights' cotangents (dQ, dK, dV and
+// d_out, for attention_weight_gradients) and skips dx's three products, as --update needs;
+// param_grads and output_dots must then be null.
 // param_grads, when given, receives each probe's squared norm of dL/d{W_Q, W_K, W_V, W_O}.
 template <typename Scalar>
 void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                         const AttentionOptions& options, AttentionCache<Scalar>& cache,
-                        const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr,
+                        const Mat<Scalar>& d_out, Mat<Scalar>* dx, ParamGradSquares* param_grads = nullptr,
                         ShardPair* shards = nullptr, std::vector<double>* output_dots = nullptr);
 
 // Jacobian-vector product (forward mode) after attention_forward: d_out = J d_x for P tangents
@@ -183,10 +186,11 @@ template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
                  FfnCache<Scalar>& cache, Mat<Scalar>& out, ShardPair* shards = nullptr,
                  bool with_output = true);
+// dx += the input's cotangent; dx = nullptr stops at dL/d(x W_1), as for attention_backward.
 // param_grads, when given, receives each probe's squared norm of dL/d{W_1, W_2}.
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
-                  FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>& dx,
+                  FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>* dx,
                   ParamGradSquares* param_grads = nullptr, ShardPair* shards = nullptr,
                   std::vector<double>* output_dots = nullptr);
 

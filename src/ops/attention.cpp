@@ -167,7 +167,7 @@ void attention_param_grad_squares(AttentionCache<Scalar>& cache, int shard, Eige
 template <typename Scalar>
 void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                         const AttentionOptions& options, AttentionCache<Scalar>& cache,
-                        const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads,
+                        const Mat<Scalar>& d_out, Mat<Scalar>* dx, ParamGradSquares* param_grads,
                         ShardPair* shards, std::vector<double>* output_dots) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
   const Eigen::Index rows = d_out.rows(), probes = rows / tokens;
@@ -193,6 +193,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
   const auto& d_q_raw = projection_backward(options, false, cache.q, cache.q_inv, cache.d_q, cache.d_q_raw);
   const auto& d_k_raw = projection_backward(options, false, cache.k, cache.k_inv, cache.d_k, cache.d_k_raw);
   const auto& d_v_raw = projection_backward(options, true, cache.v, cache.v_inv, cache.d_v, cache.d_v_raw);
+  if (!dx) return;
   // Phase 2: dx = dQ W_Q^T + dK W_K^T + dV W_V^T over this shard's columns, as a partial sum.
   run_shards(shards, [&](int shard) {
     const ShardRange heads = head_range(options.heads, shard);
@@ -205,7 +206,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     if (param_grads)
       attention_param_grad_squares(cache, shard, begin, size, tokens, probes, d_q_raw, d_k_raw, d_v_raw);
   });
-  cache.partials.add_into(dx, probes, param_grads, output_dots);
+  cache.partials.add_into(*dx, probes, param_grads, output_dots);
 }
 
 template <typename Scalar>
@@ -278,7 +279,7 @@ void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& op
                                           ShardPair*, bool);                                                \
   template void attention_backward<Scalar>(                                                                 \
       const Mat<Scalar>&, const SublayerWeights<Scalar>&, const AttentionOptions&, AttentionCache<Scalar>&, \
-      const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*, std::vector<double>*);               \
+      const Mat<Scalar>&, Mat<Scalar>*, ParamGradSquares*, ShardPair*, std::vector<double>*);               \
   template void attention_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                   \
                                       const AttentionOptions&, AttentionCache<Scalar>&, const Mat<Scalar>&, \
                                       Mat<Scalar>&, const SublayerWeights<Scalar>*);                        \

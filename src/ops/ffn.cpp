@@ -128,7 +128,7 @@ void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const F
 
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
-                  FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>& dx,
+                  FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>* dx,
                   ParamGradSquares* param_grads, ShardPair* shards, std::vector<double>* output_dots) {
   const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols(), rows = d_out.rows();
   const Scalar hidden_scale = static_cast<Scalar>(options.hidden_scale);
@@ -147,8 +147,10 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
     multiply_transposed(d_out, w.w_2.middleRows(units.begin, units.size()), d_hidden);  // (K*T, n)
     gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, cache.slope[shard]);
     if (options.hidden_scale != 1.0) d_pre *= hidden_scale;  // now dL/d(x W_1)
-    cache.partials.output[shard].resize(rows, x.cols());
-    multiply_transposed(d_pre, w.w_1.middleCols(units.begin, units.size()), cache.partials.output[shard]);
+    if (dx) {
+      cache.partials.output[shard].resize(rows, x.cols());
+      multiply_transposed(d_pre, w.w_1.middleCols(units.begin, units.size()), cache.partials.output[shard]);
+    }
     if (output_dots) {  // <d_out, H W_2> = <d_out W_2^T, H> over this shard's units
       auto& dots = cache.partials.output_dots[shard];
       dots.assign(probes, 0.0);
@@ -177,7 +179,7 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
       }
     }
   }
-  cache.partials.add_into(dx, probes, param_grads, output_dots);
+  if (dx) cache.partials.add_into(*dx, probes, param_grads, output_dots);
 }
 
 template <typename Scalar>
@@ -234,7 +236,7 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
   template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,   \
                                     FfnCache<Scalar>&, Mat<Scalar>&, ShardPair*, bool);                      \
   template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,  \
-                                     FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, \
+                                     FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>*, ParamGradSquares*, \
                                      ShardPair*, std::vector<double>*);                                      \
   template void lower_gram<Scalar>(const Eigen::Ref<const Mat<Scalar>>&, Mat<Scalar>&);                      \
   template double symmetric_inner<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&);                           \

@@ -123,12 +123,18 @@ BranchContext<Scalar> sublayer_weight_gradient(SeedAnalysis<Scalar>& analysis, i
                                                SublayerWeights<Scalar>& gradient,
                                                std::vector<Mat<Scalar>>* gain_gradient) {
   StackRun<Scalar>& run = analysis.run;
-  const auto branch = run.prepare_sublayer(l, l + 1);
-  run.executor().forward(run.graph(), run.state(l), branch);
-  State<Scalar> d_input;
-  run.executor().backward(run.graph(), analysis.probes.probe0_cotangent[l + 1], true, branch, d_input);
+  // The weight gradients need the branch's activations, not its output: post-norm placements
+  // skip the output projection, as the backward pass does.
+  const auto branch = run.recompute_for_backward(l, false, l + 1);
+  const State<Scalar>& d_output = analysis.probes.probe0_cotangent[l + 1];
+  if (gain_gradient) {  // a norm before the branch needs the cotangent of the branch's input
+    State<Scalar> d_input;
+    run.executor().backward(run.graph(), d_output, true, branch, d_input);
+    run.executor().norm_gain_gradients(run.graph(), *gain_gradient);
+  } else {
+    run.executor().backward_to_branch_weights(run.graph(), d_output, branch);
+  }
   run.executor().weight_gradients(run.graph(), branch, gradient);
-  if (gain_gradient) run.executor().norm_gain_gradients(run.graph(), *gain_gradient);
   return branch;
 }
 

@@ -12,7 +12,9 @@ inline constexpr double kAdamEpsilon = 1e-8;
 
 // Sublayer l's probe-0 weight gradient dL/dtheta_l, divided by exp(probe0_log_scale[l + 1]):
 // sublayer l recomputed from the stored x_l and back-propagated from the kept cotangent of
-// x_{l+1}. Returns the branch context, whose weights are theta_l.
+// x_{l+1}. Returns the branch context, whose weights are theta_l. The executor then holds the
+// backward pass's recompute (StackRun::recompute_for_backward): a post-norm placement's branch
+// output and the adds after it are not computed (the JVP does not read them).
 // With `gain_gradient`, the norms' gain gradients dL/dgamma as well, scaled alike (per value id,
 // GraphExecutor::norm_gain_gradients).
 template <typename Scalar>
