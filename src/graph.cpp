@@ -224,6 +224,24 @@ template <typename Scalar>
 void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_outputs,
                                      bool through_branch, const BranchContext<Scalar>& context,
                                      std::vector<Mat<Scalar>>& d_inputs, ParamGradSquares* param_grads) {
+  run_backward(graph, d_outputs, through_branch ? BranchPath::through : BranchPath::cut, context,
+               param_grads);
+  d_inputs.resize(graph.input_count());
+  for (int i = 0; i < graph.input_count(); ++i) d_inputs[i] = cotangents_[i];
+}
+
+template <typename Scalar>
+void GraphExecutor<Scalar>::backward_to_branch_weights(const SublayerGraph& graph,
+                                                       const std::vector<Mat<Scalar>>& d_outputs,
+                                                       const BranchContext<Scalar>& context) {
+  run_backward(graph, d_outputs, BranchPath::to_weights, context, nullptr);
+}
+
+template <typename Scalar>
+void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
+                                         const std::vector<Mat<Scalar>>& d_outputs, BranchPath path,
+                                         const BranchContext<Scalar>& context,
+                                         ParamGradSquares* param_grads) {
   const Eigen::Index rows = d_outputs.front().rows();
   for (int id = 0; id < graph.value_count(); ++id) cotangents_[id].setZero(rows, values_[id].cols());
   for (std::size_t i = 0; i < graph.outputs().size(); ++i) cotangents_[graph.outputs()[i]] += d_outputs[i];
@@ -248,23 +266,26 @@ void GraphExecutor<Scalar>::backward(const SublayerGraph& graph, const std::vect
       case NodeOp::unit:
         unit_rows_backward(1, values_[id], norm_stats_[id], d_out, d_a);
         break;
-      case NodeOp::branch:
-        if (!through_branch) break;
+      case NodeOp::branch: {
+        if (path == BranchPath::cut) break;
+        // Nodes come in topological order, so none before the branch reads it: to_weights stops.
+        const bool to_weights = path == BranchPath::to_weights;
+        Mat<Scalar>* d_input = to_weights ? nullptr : &d_a;
         if (context.branch == BranchKind::rotation) {
-          rotation_backward(d_out, d_a);
+          if (!to_weights) rotation_backward(d_out, d_a);
         } else if (context.kind == SublayerKind::attn) {
           attention_backward(values_[node.lhs], *context.weights, attention_options(graph, context),
-                             attention_, d_out, d_a, param_grads, context.shards,
+                             attention_, d_out, d_input, param_grads, context.shards,
                              skipped_branch_output_ ? &branch_output_dots_ : nullptr);
         } else {
-          ffn_backward(values_[node.lhs], *context.weights, ffn_options(graph, context), ffn_, d_out, d_a,
+          ffn_backward(values_[node.lhs], *context.weights, ffn_options(graph, context), ffn_, d_out, d_input,
                        param_grads, context.shards, skipped_branch_output_ ? &branch_output_dots_ : nullptr);
         }
+        if (to_weights) return;
         break;
+      }
     }
   }
-  d_inputs.resize(graph.input_count());
-  for (int i = 0; i < graph.input_count(); ++i) d_inputs[i] = cotangents_[i];
 }
 
 template <typename Scalar>
@@ -321,9 +342,9 @@ void GraphExecutor<Scalar>::weight_gradients(const SublayerGraph& graph, const B
   const Mat<Scalar>& input = values_[graph.nodes()[branch - graph.input_count()].lhs];
   if (context.kind == SublayerKind::attn) {
     attention_weight_gradients(input, attention_options(graph, context), attention_, cotangents_[branch],
-                               gradients);
+                               gradients, context.shards);
   } else {
-    ffn_weight_gradients(input, ffn_, cotangents_[branch], gradients);
+    ffn_weight_gradients(input, ffn_, cotangents_[branch], gradients, context.shards);
   }
 }
 

@@ -152,6 +152,12 @@ class GraphExecutor {
            const BranchContext<Scalar>& context, std::vector<Mat<Scalar>>& d_outputs,
            const SublayerWeights<Scalar>* d_weights = nullptr,
            const std::vector<Mat<Scalar>>* d_gains = nullptr);
+  // The part of backward() that weight_gradients() reads (--update): the cotangents after the
+  // branch and inside it, then it stops. The branch input's cotangent (a third of attention's
+  // backward products) and everything before the branch are not formed, so norm_gain_gradients()
+  // holds only for norms after the branch.
+  void backward_to_branch_weights(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_outputs,
+                                  const BranchContext<Scalar>& context);
   // After a forward and a backward through the branch of one probe's cotangent (T rows): dL/dW
   // of the branch's matrices in full (--update). A model branch only.
   void weight_gradients(const SublayerGraph& graph, const BranchContext<Scalar>& context,
@@ -172,6 +178,11 @@ class GraphExecutor {
 
   void run_forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
                    const BranchContext<Scalar>& context, const KnownOutputs<Scalar>* known);
+  // How far backward goes past the branch: not into it (the skip path's share), through it, or
+  // into it as far as its weights, then stop.
+  enum class BranchPath { cut, through, to_weights };
+  void run_backward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& d_outputs, BranchPath path,
+                    const BranchContext<Scalar>& context, ParamGradSquares* param_grads);
 
   std::vector<Mat<Scalar>> values_, cotangents_, norm_stats_;
   std::vector<char> after_branch_;  // per value id: depends on the branch output (recompute)

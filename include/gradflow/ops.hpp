@@ -178,11 +178,14 @@ template <typename Scalar>
 void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                        const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out,
                        ShardPair* shards = nullptr, bool with_output = true);
+// dx += the input's cotangent; dx = nullptr stops at the weights' cotangents (dQ, dK, dV and
+// d_out, for attention_weight_gradients) and skips dx's three products, as --update needs;
+// param_grads and output_dots must then be null.
 // param_grads, when given, receives each probe's squared norm of dL/d{W_Q, W_K, W_V, W_O}.
 template <typename Scalar>
 void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                         const AttentionOptions& options, AttentionCache<Scalar>& cache,
-                        const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads = nullptr,
+                        const Mat<Scalar>& d_out, Mat<Scalar>* dx, ParamGradSquares* param_grads = nullptr,
                         ShardPair* shards = nullptr, std::vector<double>* output_dots = nullptr);
 
 // Jacobian-vector product (forward mode) after attention_forward: d_out = J d_x for P tangents
@@ -193,11 +196,13 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
                    AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
                    const SublayerWeights<Scalar>* d_w = nullptr);
 // After attention_backward of one probe's d_out (T rows): dL/dW = X^T dY for each product
-// Y = X W (W_Q, W_K, W_V from x, W_O from the context), formed in full (--update).
+// Y = X W (W_Q, W_K, W_V from x, W_O from the context), formed in full (--update). With shards,
+// W_Q and W_K on one, W_V and W_O on the other: each product is whole on one thread, so the bits
+// do not depend on the thread count.
 template <typename Scalar>
 void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& options,
                                 const AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                                SublayerWeights<Scalar>& gradients);
+                                SublayerWeights<Scalar>& gradients, ShardPair* shards = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Feed-forward: out = gelu(s x W_1) W_2 (Vaswani et al. 2017, Eq. 2), or gated (Shazeer 2020,
@@ -227,10 +232,11 @@ template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
                  FfnCache<Scalar>& cache, Mat<Scalar>& out, ShardPair* shards = nullptr,
                  bool with_output = true);
+// dx += the input's cotangent; dx = nullptr stops at dL/d(x W_1) (and d(x W_3)), as for attention_backward.
 // param_grads, when given, receives each probe's squared norm of dL/d{W_1, W_2}.
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
-                  FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>& dx,
+                  FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>* dx,
                   ParamGradSquares* param_grads = nullptr, ShardPair* shards = nullptr,
                   std::vector<double>* output_dots = nullptr);
 
@@ -239,10 +245,11 @@ template <typename Scalar>
 void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
              FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
              const SublayerWeights<Scalar>* d_w = nullptr);
-// After ffn_backward of one probe's d_out: dL/dW_2 = H^T dY, dL/dW_1 = x^T dL/d(x W_1).
+// After ffn_backward of one probe's d_out: dL/dW_2 = H^T dY, dL/dW_1 = x^T dL/d(x W_1); with
+// shards, one product on each (the same FLOPs), whole on one thread as for attention.
 template <typename Scalar>
 void ffn_weight_gradients(const Mat<Scalar>& x, const FfnCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                          SublayerWeights<Scalar>& gradients);
+                          SublayerWeights<Scalar>& gradients, ShardPair* shards = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // The idealised branch: a fixed 90-degree rotation within coordinate pairs (2i, 2i+1), so that

@@ -35,6 +35,7 @@ Architecture mix_ln() {
     if (!(r >= 0.0 && r <= 1.0))  // as !(inside), so that NaN is refused too
       throw InputError(fmt::format("--mix-ratio {} must lie in [0, 1]; try --mix-ratio 0.25", r));
   };
+  ratio.in_sweep_model = true;  // a resumed sweep must not mix ratios
   arch.options = {ratio};
   arch.constants = [](const ModelConfig& config) -> Constants {
     const double ratio = config.number_option("mix_ratio").value_or(kDefaultMixRatio);

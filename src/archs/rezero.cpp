@@ -31,6 +31,7 @@ Architecture rezero() {
       throw InputError(
           fmt::format("--rezero-alpha {} must be finite; omit it for rezero's a = 0 at init", a));
   };
+  branch_weight.in_sweep_model = true;  // a resumed sweep must not mix branch weights
   arch.options = {branch_weight};
   arch.constants = [](const ModelConfig& config) -> Constants {
     const std::optional<double> alpha = config.number_option("rezero_alpha");

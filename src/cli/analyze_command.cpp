@@ -61,15 +61,18 @@ std::string export_path(const std::string& base, std::string_view arch, std::uin
 // Wall time of `runs` runs of this configuration, from the bench's measurement (bench/results.md:
 // about 2.3 ms per sublayer on one core at the defaults, d = 256, T = 64 in f32), scaled by the
 // forward flops per sublayer (sublayer_forward_flops: widths, KV heads, a gated FFN), the probes'
-// backward passes and the precision; runs share the cores.
+// backward passes, --update's pass and the precision; runs share the cores.
 double estimated_seconds(const ModelConfig& model, long long runs, int threads) {
   constexpr double kSecondsPerSublayerAtDefaults = 2.3e-3;
   const double work = sublayer_forward_flops(model) / sublayer_forward_flops(ModelConfig{});
   const double probes = (2.0 + model.probes) / 3.0;  // forward + recompute fixed, backward per probe
+  // --update: the weight gradients' recompute and backward once, then one stepped forward per
+  // learning rate; bench/update_cost.py measures 1.94x the run without it at one learning rate.
+  const double update = model.update_count() > 0 ? 1.6 + 0.34 * model.update_count() : 1.0;
   const double precision = model.precision == Precision::f64 ? 2.0 : 1.0;
   const double cores =
       std::max(1, std::min<int>(threads, static_cast<int>(std::thread::hardware_concurrency())));
-  return kSecondsPerSublayerAtDefaults * model.sublayers() * work * probes * precision *
+  return kSecondsPerSublayerAtDefaults * model.sublayers() * work * probes * update * precision *
          static_cast<double>(runs) / cores;
 }
 

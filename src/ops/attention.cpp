@@ -258,7 +258,7 @@ void projections_backward(const AttentionOptions& options, Eigen::Index head_dim
 template <typename Scalar>
 void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                         const AttentionOptions& options, AttentionCache<Scalar>& cache,
-                        const Mat<Scalar>& d_out, Mat<Scalar>& dx, ParamGradSquares* param_grads,
+                        const Mat<Scalar>& d_out, Mat<Scalar>* dx, ParamGradSquares* param_grads,
                         ShardPair* shards, std::vector<double>* output_dots) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
   const Eigen::Index rows = d_out.rows(), probes = rows / tokens;
@@ -283,6 +283,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
   });
   const Mat<Scalar>* d_raws[3];
   projections_backward(options, head_dim, cache, d_raws);
+  if (!dx) return;
   // Phase 2: dx = dQ W_Q^T + dK W_K^T + dV W_V^T over this shard's columns, as a partial sum.
   run_shards(shards, [&](int shard) {
     const ShardRange heads = head_range(options.heads, shard), kv = head_range(kv_heads, shard);
@@ -298,7 +299,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     if (param_grads)
       attention_param_grad_squares(cache, w, shard, heads, kv, head_dim, tokens, probes, d_out, d_raws);
   });
-  cache.partials.add_into(dx, probes, param_grads, output_dots);
+  cache.partials.add_into(*dx, probes, param_grads, output_dots);
 }
 
 // Forward mode: the tangents of q, k, v through the projections, the q/k/v norms and the
@@ -356,7 +357,7 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
 template <typename Scalar>
 void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& options,
                                 const AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                                SublayerWeights<Scalar>& gradients) {
+                                SublayerWeights<Scalar>& gradients, ShardPair* shards) {
   // projections_backward's cotangents: d_q with rotations undone in place; d_k and d_v summed over
   // each key/value group (d_k unrotated); then before a q/k/v norm where there is one.
   const bool qk_normalised = options.qkv_norm != QkvNorm::none;
@@ -367,10 +368,18 @@ void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& op
   const Eigen::Index width = x.cols(), kv_width = width / options.heads * options.kv_head_count();
   for (Mat<Scalar>* m : {&gradients.w_q, &gradients.w_o}) m->resize(width, width);
   for (Mat<Scalar>* m : {&gradients.w_k, &gradients.w_v}) m->resize(width, kv_width);
-  multiply_first_transposed(x, qk_normalised ? cache.d_q_raw : cache.d_q, gradients.w_q);  // (d, d) = x^T dQ
-  multiply_first_transposed(x, qk_normalised ? cache.d_k_raw : d_k, gradients.w_k);
-  multiply_first_transposed(x, v_normalised ? cache.d_v_raw : d_v, gradients.w_v);
-  multiply_first_transposed(cache.context, d_out, gradients.w_o);
+  const auto products = [&](int shard) {
+    if (shard == 0) {
+      multiply_first_transposed(x, qk_normalised ? cache.d_q_raw : cache.d_q, gradients.w_q);  // x^T dQ
+      multiply_first_transposed(x, qk_normalised ? cache.d_k_raw : d_k, gradients.w_k);
+    } else {
+      multiply_first_transposed(x, v_normalised ? cache.d_v_raw : d_v, gradients.w_v);
+      multiply_first_transposed(cache.context, d_out, gradients.w_o);
+    }
+  };
+  if (shards) return shards->run(products);
+  products(0);
+  products(1);
 }
 
 #define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                              \
@@ -379,13 +388,13 @@ void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& op
                                           ShardPair*, bool);                                                \
   template void attention_backward<Scalar>(                                                                 \
       const Mat<Scalar>&, const SublayerWeights<Scalar>&, const AttentionOptions&, AttentionCache<Scalar>&, \
-      const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, ShardPair*, std::vector<double>*);               \
+      const Mat<Scalar>&, Mat<Scalar>*, ParamGradSquares*, ShardPair*, std::vector<double>*);               \
   template void attention_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                   \
                                       const AttentionOptions&, AttentionCache<Scalar>&, const Mat<Scalar>&, \
                                       Mat<Scalar>&, const SublayerWeights<Scalar>*);                        \
   template void attention_weight_gradients<Scalar>(const Mat<Scalar>&, const AttentionOptions&,             \
                                                    const AttentionCache<Scalar>&, const Mat<Scalar>&,       \
-                                                   SublayerWeights<Scalar>&);
+                                                   SublayerWeights<Scalar>&, ShardPair*);
 GRADFLOW_INSTANTIATE_ATTENTION(float)
 GRADFLOW_INSTANTIATE_ATTENTION(double)
 

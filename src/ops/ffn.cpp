@@ -217,7 +217,7 @@ void ffn_hidden_backward(const FfnOptions& options, FfnCache<Scalar>& cache, int
 
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
-                  FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>& dx,
+                  FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>* dx,
                   ParamGradSquares* param_grads, ShardPair* shards, std::vector<double>* output_dots) {
   const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols(), rows = d_out.rows();
   const Eigen::Index probes = rows / tokens;
@@ -240,11 +240,13 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
     const auto d_gate = cache.d_gate_pre.middleCols(gated ? units.begin : 0, gated ? units.size() : 0);
     multiply_transposed(d_out, w.w_2.middleRows(units.begin, units.size()), d_hidden);  // (K*T, n)
     ffn_hidden_backward(options, cache, shard, units, d_hidden);
-    cache.partials.output[shard].resize(rows, x.cols());
-    multiply_transposed(d_pre, w.w_1.middleCols(units.begin, units.size()), cache.partials.output[shard]);
-    if (gated)
-      multiply_transposed(d_gate, w.w_3.middleCols(units.begin, units.size()), cache.partials.output[shard],
-                          true);
+    if (dx) {
+      cache.partials.output[shard].resize(rows, x.cols());
+      multiply_transposed(d_pre, w.w_1.middleCols(units.begin, units.size()), cache.partials.output[shard]);
+      if (gated)
+        multiply_transposed(d_gate, w.w_3.middleCols(units.begin, units.size()), cache.partials.output[shard],
+                            true);
+    }
     if (output_dots) {  // <d_out, H W_2> = <d_out W_2^T, H> over this shard's units
       auto& dots = cache.partials.output_dots[shard];
       dots.assign(probes, 0.0);
@@ -280,7 +282,7 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
       }
     }
   }
-  cache.partials.add_into(dx, probes, param_grads, output_dots);
+  if (dx) cache.partials.add_into(*dx, probes, param_grads, output_dots);
 }
 
 template <typename Scalar>
@@ -310,11 +312,20 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
 
 template <typename Scalar>
 void ffn_weight_gradients(const Mat<Scalar>& x, const FfnCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                          SublayerWeights<Scalar>& gradients) {
+                          SublayerWeights<Scalar>& gradients, ShardPair* shards) {
   gradients.w_1.resize(x.cols(), cache.d_hidden_pre.cols());
   gradients.w_2.resize(cache.hidden.cols(), d_out.cols());
-  multiply_first_transposed(x, cache.d_hidden_pre, gradients.w_1);  // d_hidden_pre: dL/d(x W_1), s applied
-  multiply_first_transposed(cache.hidden, d_out, gradients.w_2);
+  const auto products = [&](int shard) {
+    if (shard == 0) {
+      // d_hidden_pre: dL/d(x W_1), s applied
+      multiply_first_transposed(x, cache.d_hidden_pre, gradients.w_1);
+    } else {
+      multiply_first_transposed(cache.hidden, d_out, gradients.w_2);
+    }
+  };
+  if (shards) return shards->run(products);
+  products(0);
+  products(1);
 }
 
 template <typename Scalar>
@@ -340,7 +351,7 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
   template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,   \
                                     FfnCache<Scalar>&, Mat<Scalar>&, ShardPair*, bool);                      \
   template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,  \
-                                     FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&, ParamGradSquares*, \
+                                     FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>*, ParamGradSquares*, \
                                      ShardPair*, std::vector<double>*);                                      \
   template void lower_gram<Scalar>(const Eigen::Ref<const Mat<Scalar>>&, Mat<Scalar>&);                      \
   template double symmetric_inner<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&);                           \
@@ -350,7 +361,7 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
                                 FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&,                         \
                                 const SublayerWeights<Scalar>*);                                             \
   template void ffn_weight_gradients<Scalar>(const Mat<Scalar>&, const FfnCache<Scalar>&,                    \
-                                             const Mat<Scalar>&, SublayerWeights<Scalar>&);                  \
+                                             const Mat<Scalar>&, SublayerWeights<Scalar>&, ShardPair*);      \
   template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                  \
   template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_FFN(float)

@@ -38,8 +38,12 @@ void write_csv(const AnalysisReport& report, std::ostream& out) {
   for (const auto& name : first.sublayers.names) out << ',' << name;
   for (const auto& stream : streams) out << ",rms_" << stream << ",log10_grad_" << stream;
   // --update: the run's figures per learning rate, repeated on every row like the configuration
-  for (std::size_t i = 1; i <= first.updates.size(); ++i)
-    out << ",output_update_rel_" << i << ",delta_loss_" << i << ",delta_loss_first_order_" << i;
+  for (std::size_t i = 1; i <= first.updates.size(); ++i) {
+    out << ",learning_rate_" << i << ",output_update_rel_" << i << ",delta_loss_" << i
+        << ",delta_loss_first_order_" << i;
+    for (const char* kind : kMatrixKinds) out << ",step_rel_" << kind << '_' << i;
+    out << ",step_rel_norm_gain_" << i << ",diverged_state_" << i;
+  }
   out << "\r\n";
   for (const ArchResult& result : report.results) {
     const int sublayers = result.config.sublayers();
@@ -64,8 +68,11 @@ void write_csv(const AnalysisReport& report, std::ostream& out) {
         }
         for (std::size_t i = 0; i < first.updates.size(); ++i) {
           const UpdateStep step = i < seed.updates.size() ? seed.updates[i] : UpdateStep{};
-          out << ',' << cell(step.output_update_rel) << ',' << cell(step.delta_loss) << ','
-              << cell(step.delta_loss_first_order);
+          out << ',' << cell(step.learning_rate) << ',' << cell(step.output_update_rel) << ','
+              << cell(step.delta_loss) << ',' << cell(step.delta_loss_first_order);
+          for (const double step_rel : step.step_rel) out << ',' << cell(step_rel);
+          out << ',' << cell(step.step_rel_norm_gain) << ','
+              << (step.diverged_state >= 0 ? fmt::format("{}", step.diverged_state) : "");
         }
         out << "\r\n";
       }

@@ -144,7 +144,7 @@ void back_through_sublayers(SeedAnalysis<Scalar>& analysis) {
   for (int l = run.sublayers() - 1; l >= 0; --l) {
     // additive placements: stream_decomposition needs F, so the recompute runs in full
     const auto branch =
-        run.recompute_for_backward(l, run.hooks().recompute_in_full || run.arch().additive_stream);
+        run.recompute_for_backward(l, run.hooks().recompute_in_full || run.arch().additive_stream, l - 1);
     run.executor().backward(run.graph(), probes.gradient, false, branch, skip_part);
     run.executor().backward(run.graph(), probes.gradient, true, branch, previous,
                             config.branch == BranchKind::model ? &probes.param_grads : nullptr);

@@ -91,8 +91,8 @@ BranchContext<Scalar> StackRun<Scalar>::recompute(int i) {
 }
 
 template <typename Scalar>
-BranchContext<Scalar> StackRun<Scalar>::recompute_for_backward(int l, bool in_full) {
-  const auto branch = prepare_sublayer(l, l - 1);
+BranchContext<Scalar> StackRun<Scalar>::recompute_for_backward(int l, bool in_full, int next) {
+  const auto branch = prepare_sublayer(l, next);
   if (in_full) {
     executor_.forward(graph_, states_[l], branch);
   } else {

@@ -54,8 +54,9 @@ class StackRun {
   BranchContext<Scalar> recompute(int i);
   // The backward pass's recompute of sublayer l: post-norm placements stop before the branch's
   // output projection, since the stored x_{l+1} and its norm statistics are known; in full when
-  // `in_full` (or the branch output is needed otherwise).
-  BranchContext<Scalar> recompute_for_backward(int l, bool in_full);
+  // `in_full` (or the branch output is needed otherwise). Sublayer `next`'s weights are drawn
+  // meanwhile: l - 1 for the backward pass, l + 1 for --update's pass up the stack.
+  BranchContext<Scalar> recompute_for_backward(int l, bool in_full, int next);
   // Vector-Jacobian product of sublayer i (recomputed first): cotangents of x_{i+1} (of y for
   // i == S) to cotangents of x_i.
   void vjp(int i, const State<Scalar>& d_outputs, State<Scalar>& d_inputs);

@@ -123,12 +123,18 @@ BranchContext<Scalar> sublayer_weight_gradient(SeedAnalysis<Scalar>& analysis, i
                                                SublayerWeights<Scalar>& gradient,
                                                std::vector<Mat<Scalar>>* gain_gradient) {
   StackRun<Scalar>& run = analysis.run;
-  const auto branch = run.prepare_sublayer(l, l + 1);
-  run.executor().forward(run.graph(), run.state(l), branch);
-  State<Scalar> d_input;
-  run.executor().backward(run.graph(), analysis.probes.probe0_cotangent[l + 1], true, branch, d_input);
+  // The weight gradients need the branch's activations, not its output: post-norm placements
+  // skip the output projection, as the backward pass does.
+  const auto branch = run.recompute_for_backward(l, false, l + 1);
+  const State<Scalar>& d_output = analysis.probes.probe0_cotangent[l + 1];
+  if (gain_gradient) {  // a norm before the branch needs the cotangent of the branch's input
+    State<Scalar> d_input;
+    run.executor().backward(run.graph(), d_output, true, branch, d_input);
+    run.executor().norm_gain_gradients(run.graph(), *gain_gradient);
+  } else {
+    run.executor().backward_to_branch_weights(run.graph(), d_output, branch);
+  }
   run.executor().weight_gradients(run.graph(), branch, gradient);
-  if (gain_gradient) run.executor().norm_gain_gradients(run.graph(), *gain_gradient);
   return branch;
 }
 
@@ -147,15 +153,17 @@ void rule_step(UpdateRule rule, double lr, const Mat<Scalar>& g, double log_scal
 
 template <typename Scalar>
 double optimizer_step(UpdateRule rule, double lr, SublayerKind kind, const SublayerWeights<Scalar>& scaled,
-                      double log_scale, SublayerWeights<Scalar>& step) {
+                      double log_scale, SublayerWeights<Scalar>& step, ShardPair* shards) {
   const auto from = matrices(scaled);
   const auto to = matrices(step);
+  double inners[kMatrixKindCount] = {};
+  for_each_matrix(kind, shards, [&](int m) {
+    rule_step(rule, lr, *from[m], log_scale, *to[m]);
+    inners[m] = lane_dot(from[m]->data(), to[m]->data(), from[m]->size());
+  });
   const auto [first, last] = matrix_range(kind);
   double inner = 0;  // <g / exp(log_scale), Delta theta>
-  for (int m = first; m < last; ++m) {
-    rule_step(rule, lr, *from[m], log_scale, *to[m]);
-    inner += lane_dot(from[m]->data(), to[m]->data(), from[m]->size());
-  }
+  for (int m = first; m < last; ++m) inner += inners[m];
   return inner * std::exp(log_scale);  // update_loss = <g, Delta theta>
 }
 
@@ -192,13 +200,13 @@ void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, BranchContext<S
   SeedResult& result = analysis.result;
   const double log_scale = analysis.probes.probe0_log_scale[l + 1];
   const SublayerWeights<Scalar>& weights = *branch.weights;
-  double loss = optimizer_step(config.update, config.learning_rates[i], config.sublayer_kind(l),
-                               work.gradient, log_scale, work.step);
-  const auto [first, last] = matrix_range(config.sublayer_kind(l));
-  for (int m = first; m < last; ++m) {
+  const SublayerKind kind = config.sublayer_kind(l);
+  double loss = optimizer_step(config.update, config.learning_rates[i], kind, work.gradient, log_scale,
+                               work.step, branch.shards);
+  for_each_matrix(kind, branch.shards, [&](int m) {
     pass.step_squares[m] += squared_norm(*matrices(work.step)[m]);
     *matrices(work.stepped)[m] = *matrices(weights)[m] + *matrices(work.step)[m];
-  }
+  });
   if (config.update_norm_gains) {
     loss += gain_step(config.update, config.learning_rates[i], work.gain_gradient, log_scale, work.gain_step);
     for (const auto& delta : work.gain_step) pass.gain_step_squares += squared_norm(delta);
@@ -239,8 +247,8 @@ void compute_update(SeedAnalysis<Scalar>& analysis) {
   for (int l = 0; l < run.sublayers(); ++l) {
     auto branch = sublayer_weight_gradient(analysis, l, work.gradient,
                                            config.update_norm_gains ? &work.gain_gradient : nullptr);
-    const auto [first, last] = matrix_range(config.sublayer_kind(l));
-    for (int m = first; m < last; ++m) weight_squares[m] += squared_norm(*matrices(*branch.weights)[m]);
+    for_each_matrix(config.sublayer_kind(l), branch.shards,
+                    [&](int m) { weight_squares[m] += squared_norm(*matrices(*branch.weights)[m]); });
     if (config.update_norm_gains) gain_squares += gain_count(work.gain_gradient);
     for (int i = 0; i < count; ++i) {
       if (passes[i].finite) step_sublayer(analysis, l, i, branch, work, passes[i]);
@@ -265,8 +273,8 @@ template double gain_step(UpdateRule, double, const std::vector<Mat<float>>&, do
 template double gain_step(UpdateRule, double, const std::vector<Mat<double>>&, double,
                           std::vector<Mat<double>>&);
 template double optimizer_step(UpdateRule, double, SublayerKind, const SublayerWeights<float>&, double,
-                               SublayerWeights<float>&);
+                               SublayerWeights<float>&, ShardPair*);
 template double optimizer_step(UpdateRule, double, SublayerKind, const SublayerWeights<double>&, double,
-                               SublayerWeights<double>&);
+                               SublayerWeights<double>&, ShardPair*);
 
 }  // namespace gradflow

@@ -12,7 +12,9 @@ inline constexpr double kAdamEpsilon = 1e-8;
 
 // Sublayer l's probe-0 weight gradient dL/dtheta_l, divided by exp(probe0_log_scale[l + 1]):
 // sublayer l recomputed from the stored x_l and back-propagated from the kept cotangent of
-// x_{l+1}. Returns the branch context, whose weights are theta_l.
+// x_{l+1}. Returns the branch context, whose weights are theta_l. The executor then holds the
+// backward pass's recompute (StackRun::recompute_for_backward): a post-norm placement's branch
+// output and the adds after it are not computed (the JVP does not read them).
 // With `gain_gradient`, the norms' gain gradients dL/dgamma as well, scaled alike (per value id,
 // GraphExecutor::norm_gain_gradients).
 template <typename Scalar>
@@ -21,10 +23,11 @@ BranchContext<Scalar> sublayer_weight_gradient(SeedAnalysis<Scalar>& analysis, i
                                                std::vector<Mat<Scalar>>* gain_gradient = nullptr);
 
 // The step Delta theta_l of `rule` at learning rate lr from the gradient g = exp(log_scale) * scaled,
-// into `step`; returns <g, Delta theta_l> (update_loss) in double.
+// into `step`; returns <g, Delta theta_l> (update_loss) in double. With shards, each matrix on its
+// matrix_shard(), the per-matrix sums added in matrix order: the bits do not depend on threads.
 template <typename Scalar>
 double optimizer_step(UpdateRule rule, double lr, SublayerKind kind, const SublayerWeights<Scalar>& scaled,
-                      double log_scale, SublayerWeights<Scalar>& step);
+                      double log_scale, SublayerWeights<Scalar>& step, ShardPair* shards = nullptr);
 
 // The same rule on the norms' gains (--update-params all): Delta gamma per value id from the
 // gradient exp(log_scale) * scaled; returns <dL/dgamma, Delta gamma>.
@@ -35,6 +38,23 @@ double gain_step(UpdateRule rule, double lr, const std::vector<Mat<Scalar>>& sca
 // Which of kMatrixKinds a sublayer of this kind has: [first, last).
 inline std::pair<int, int> matrix_range(SublayerKind kind) {
   return kind == SublayerKind::attn ? std::pair{0, 4} : std::pair{4, 6};
+}
+
+// The shard that handles matrix kind m in the elementwise work of a step, half the entries on
+// each: W_Q, W_K | W_V, W_O and W_1 | W_2, as the weight gradients are split.
+inline int matrix_shard(int m) {
+  return m == 0 || m == 1 || m == 4 ? 0 : 1;
+}
+
+// Runs work(m) for each of the kind's matrices, on matrix_shard(m) when shards are given.
+template <typename Work>
+void for_each_matrix(SublayerKind kind, ShardPair* shards, Work&& work) {
+  const auto [first, last] = matrix_range(kind);
+  run_shards(shards, [&](int shard) {
+    for (int m = first; m < last; ++m) {
+      if (matrix_shard(m) == shard) work(m);
+    }
+  });
 }
 
 // The sublayer's matrices in SublayerWeights' (and kMatrixKinds') order; empty ones are not set.

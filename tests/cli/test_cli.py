@@ -92,6 +92,28 @@ def csv_is_tidy_one_row_per_state():
     assert all(float(r["rms"]) > 0 for r in rows)
 
 
+@test
+def csv_update_columns_repeat_the_json_update_figures():
+    args = ["analyze", "--arch", "pre-ln,post-ln", "--depth", "2", "--width", "16", "--seq", "4", "--seeds", "2",
+            "--update", "adam", "--lr", "1e-4,1e-2", "--update-params", "all", "-q"]
+    doc = json.loads(run(*args, "--format", "json").stdout)
+    rows = list(csv.DictReader(io.StringIO(run(*args, "--format", "csv").stdout)))
+    assert len(rows) == 2 * 2 * 5, len(rows)
+    checked = 0
+    for row in rows:
+        seed = next(s for r in doc["runs"] if r["arch"] == row["arch"] for s in r["seeds"] if s["seed"] == int(row["seed"]))
+        for i, step in enumerate(seed["summary"]["update"], start=1):
+            assert float(row[f"learning_rate_{i}"]) == step["learning_rate"]
+            for name in ("output_update_rel", "delta_loss", "delta_loss_first_order"):
+                assert float(row[f"{name}_{i}"]) == step[name], (name, i)
+            for kind in ("w_q", "w_k", "w_v", "w_o", "w_1", "w_2", "norm_gain"):
+                assert float(row[f"step_rel_{kind}_{i}"]) == step["step_rel"][kind], (kind, i)
+                checked += 1
+            assert row[f"diverged_state_{i}"] == "" and step["diverged_state"] is None
+    assert checked == len(rows) * 2 * 7, checked
+    assert {r["learning_rate_1"] for r in rows} == {"0.0001"}, "learning_rate_1 is the first --lr"
+
+
 def expect_bad_input(args, *needles):
     with tempfile.TemporaryDirectory() as directory:
         target = os.path.join(directory, "out.json")

@@ -38,7 +38,8 @@ def canonical(name):
     """log10_singular_value_3 -> log10_singular_value_i; rms_a -> rms_NAME (stream columns)."""
     name = re.sub(r"^log10_singular_value_\d+", "log10_singular_value_i", name)
     name = re.sub(r"^(update_rms|log10_update_rel|update_loss|update_loss_share|output_update_rel|delta_loss|"
-                  r"delta_loss_first_order)_\d+$", r"\1_i", name)
+                  r"delta_loss_first_order|learning_rate|diverged_state)_\d+$", r"\1_i", name)
+    name = re.sub(r"^step_rel_(w_q|w_k|w_v|w_o|w_1|w_2|norm_gain)_\d+$", "step_rel_KIND_i", name)
     return name
 
 

@@ -146,6 +146,13 @@ def merge_refuses_disagreeing_or_incomplete_shards():
             proc = run("sweep", *TINY, "-o", u, *changed, "-q", check=False)
             assert proc.returncode == 2, (changed, proc.returncode, proc.stderr)
             assert ("learning_rates" in proc.stderr or "update_step" in proc.stderr), (changed, proc.stderr)
+        # And so is another value of a placement's option (mix-ln's ratio, rezero's branch weight).
+        for option, first, second in (("--mix-ratio", "0.25", "0.5"), ("--rezero-alpha", "0", "0.1")):
+            directory = os.path.join(tmp, option.strip("-"))
+            tiny = ["--arch", "mix-ln" if option == "--mix-ratio" else "rezero", *TINY[2:]]
+            run("sweep", *tiny, "-o", directory, option, first, "-q")
+            proc = run("sweep", *tiny, "-o", directory, option, second, "-q", check=False)
+            assert proc.returncode == 2 and option.strip("-").replace("-", "_") in proc.stderr, (option, proc.stderr)
         summary = json.loads(read(os.path.join(u, "summary.json")))
         assert all(len(cell["output_update_rel"]) == 1 for cell in summary["cells"]), summary["cells"][0]
         assert summary["summary"]["fits"][0]["output_update_rel_exponent"][0]["learning_rate"] == 1e-3

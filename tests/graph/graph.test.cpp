@@ -22,16 +22,17 @@ ModelConfig tiny_config() {
 // post-norm y = N(x + F(x)), and a branch-free y = unit(2 x + x).
 enum class Recipe { pre_norm, post_norm, no_branch };
 
-void build(SublayerGraph& graph, Recipe recipe) {
+// qkv_norm: the attention branch's q/k/v normalisation (QkvNorm), none by default.
+void build(SublayerGraph& graph, Recipe recipe, QkvNorm qkv_norm = QkvNorm::none) {
   graph.reset(1);
   const Value x = graph.input(0);
   if (recipe == Recipe::pre_norm) {
-    const Value update = graph.scale(graph.branch(graph.norm(x)), 0.5);
+    const Value update = graph.scale(graph.branch(graph.norm(x), qkv_norm), 0.5);
     const Value sum = graph.add(x, update);
     graph.mark_update(update, sum);
     graph.set_outputs({sum});
   } else if (recipe == Recipe::post_norm) {
-    const Value update = graph.branch(x);
+    const Value update = graph.branch(x, qkv_norm);
     const Value sum = graph.add(x, update);
     graph.mark_update(update, sum);
     graph.set_outputs({graph.norm(sum)});
@@ -147,4 +148,44 @@ TEST_CASE("the post-norm recompute skips the branch output and gives the forward
   // <dL/dF, F> from the branch's backward equals the full forward's inner product.
   const double dot = full.cotangent(graph.update_id()).cwiseProduct(full.value(graph.update_id())).sum();
   CHECK(skipping.branch_output_dots().front() == doctest::Approx(dot).epsilon(1e-12));
+}
+
+TEST_CASE("the backward to the branch's weights gives the full backward's weight gradients, bit for bit") {
+  const std::vector<std::pair<SublayerKind, QkvNorm>> branches{
+      {SublayerKind::attn, QkvNorm::none},
+      {SublayerKind::attn, QkvNorm::per_head_qkv},
+      {SublayerKind::attn, QkvNorm::full_qk},
+      {SublayerKind::attn, QkvNorm::per_head_qk_unit},
+      {SublayerKind::ffn, QkvNorm::none}};
+  for (const auto& [kind, qkv_norm] : branches) {
+    for (const Recipe recipe : {Recipe::pre_norm, Recipe::post_norm}) {
+      CAPTURE(static_cast<int>(kind));
+      CAPTURE(static_cast<int>(qkv_norm));
+      CAPTURE(static_cast<int>(recipe));
+      const Fixture f(kind);
+      SublayerGraph graph;
+      build(graph, recipe, qkv_norm);
+      const MatD x = random_matrix(5, 8, 8), dy = random_matrix(5, 8, 9);
+      GraphExecutor<double> full, partial;
+      full.forward(graph, {x}, f.context);
+      partial.forward(graph, {x}, f.context);
+      std::vector<MatD> d_inputs;
+      full.backward(graph, {dy}, true, f.context, d_inputs);
+      partial.backward_to_branch_weights(graph, {dy}, f.context);
+      SublayerWeights<double> from_full, from_partial;
+      full.weight_gradients(graph, f.context, from_full);
+      partial.weight_gradients(graph, f.context, from_partial);
+      using Matrix = MatD SublayerWeights<double>::*;
+      const std::vector<Matrix> attn{&SublayerWeights<double>::w_q, &SublayerWeights<double>::w_k,
+                                     &SublayerWeights<double>::w_v, &SublayerWeights<double>::w_o};
+      const std::vector<Matrix> ffn{&SublayerWeights<double>::w_1, &SublayerWeights<double>::w_2};
+      for (const Matrix m : kind == SublayerKind::attn ? attn : ffn) {
+        const MatD &expected = from_full.*m, &got = from_partial.*m;
+        CHECK(expected.norm() > 0);
+        REQUIRE(got.rows() == expected.rows());  // Eigen's == needs equal shapes
+        REQUIRE(got.cols() == expected.cols());
+        CHECK(got == expected);
+      }
+    }
+  }
 }

@@ -48,12 +48,12 @@ Outputs sublayers_on(ShardPair* shards) {
   AttentionCache<float> attention_cache;
   attention_forward(x, w, attention, attention_cache, o.attention_out, shards);
   o.attention_dx = Mat<float>::Zero(probes * tokens, d);
-  attention_backward(x, w, attention, attention_cache, dy, o.attention_dx, &o.attention_squares, shards,
+  attention_backward(x, w, attention, attention_cache, dy, &o.attention_dx, &o.attention_squares, shards,
                      &o.attention_dots);
   FfnCache<float> ffn_cache;
   ffn_forward(x, w, FfnOptions{}, ffn_cache, o.ffn_out, shards);
   o.ffn_dx = Mat<float>::Zero(probes * tokens, d);
-  ffn_backward(x, w, FfnOptions{}, ffn_cache, dy, o.ffn_dx, &o.ffn_squares, shards, &o.ffn_dots);
+  ffn_backward(x, w, FfnOptions{}, ffn_cache, dy, &o.ffn_dx, &o.ffn_squares, shards, &o.ffn_dots);
   return o;
 }
 }  // namespace

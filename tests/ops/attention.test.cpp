@@ -40,7 +40,7 @@ TEST_CASE("attention_backward matches central differences for every q/k/v normal
         AttentionCache<double> cache;
         MatD out, dx = MatD::Zero(dy.rows(), dy.cols());
         attention_forward(in, w, options, cache, out);
-        attention_backward(in, w, options, cache, dy, dx);
+        attention_backward(in, w, options, cache, dy, &dx);
         return dx;
       };
       CHECK(backward_relative_error(x, forward, backward) <= kFiniteDifferenceTolerance);

@@ -101,7 +101,7 @@ TEST_CASE("gated FFNs (SwiGLU, GeGLU) match central differences, backward and JV
           FfnCache<double> cache;
           MatD out, dx = MatD::Zero(dy.rows(), dy.cols());
           ffn_forward(in, w, options, cache, out);
-          ffn_backward(in, w, options, cache, dy, dx);
+          ffn_backward(in, w, options, cache, dy, &dx);
           return dx;
         };
         const auto jvp = [&](const MatD& in, const MatD& tangent) {
@@ -138,7 +138,7 @@ TEST_CASE("grouped-query attention with rotary embeddings and biases matches cen
           AttentionCache<double> cache;
           MatD out, dx = MatD::Zero(dy.rows(), dy.cols());
           attention_forward(in, w, options, cache, out);
-          attention_backward(in, w, options, cache, dy, dx);
+          attention_backward(in, w, options, cache, dy, &dx);
           return dx;
         };
         const auto jvp = [&](const MatD& in, const MatD& tangent) {
@@ -174,7 +174,7 @@ TEST_CASE("parameter-gradient norms of the new ops, biases and W_3 included, mat
     MatD out, dx = MatD::Zero(dy.rows(), d);
     ParamGradSquares squares;
     ffn_forward(x, w, options, cache, out);
-    ffn_backward(x, w, options, cache, dy, dx, &squares);
+    ffn_backward(x, w, options, cache, dy, &dx, &squares);
     check_squares(squares,
                   param_grad_squares_by_differences(w, dy, tokens, [&](const SublayerWeights<double>& v) {
                     return ffn_out(x, v, options);
@@ -191,7 +191,7 @@ TEST_CASE("parameter-gradient norms of the new ops, biases and W_3 included, mat
     MatD out, dx = MatD::Zero(dy.rows(), d);
     ParamGradSquares squares;
     attention_forward(x, w, options, cache, out);
-    attention_backward(x, w, options, cache, dy, dx, &squares);
+    attention_backward(x, w, options, cache, dy, &dx, &squares);
     check_squares(squares,
                   param_grad_squares_by_differences(w, dy, tokens, [&](const SublayerWeights<double>& v) {
                     return attention_out(x, v, options);

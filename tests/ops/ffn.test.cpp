@@ -43,7 +43,7 @@ TEST_CASE("ffn_backward matches central differences, and its parameter gradient 
       FfnCache<double> cache;
       MatD out, dx = MatD::Zero(dy.rows(), dy.cols());
       ffn_forward(in, w, options, cache, out);
-      ffn_backward(in, w, options, cache, dy, dx);
+      ffn_backward(in, w, options, cache, dy, &dx);
       return dx;
     };
     CHECK(backward_relative_error(x, forward, backward) <= kFiniteDifferenceTolerance);
@@ -54,7 +54,7 @@ TEST_CASE("ffn_backward matches central differences, and its parameter gradient 
     MatD out, dx = MatD::Zero(5, d);
     ffn_forward(x, w, options, cache, out);
     ParamGradSquares squares;
-    ffn_backward(x, w, options, cache, dy, dx, &squares);
+    ffn_backward(x, w, options, cache, dy, &dx, &squares);
     double numeric = 0;
     const double h = 1e-6;
     for (auto* matrix : {&w.w_1, &w.w_2}) {
@@ -89,8 +89,8 @@ TEST_CASE("ffn hidden scale s: the output is that of W_1 scaled by s, the gradie
   ffn_forward(x, scaled, FfnOptions{}, scaled_cache, scaled_out);
   CHECK((out - scaled_out).norm() <= 1e-14 * out.norm());
   ParamGradSquares squares, scaled_squares;
-  ffn_backward(x, w, FfnOptions{hidden_scale}, cache, dy, dx, &squares);
-  ffn_backward(x, scaled, FfnOptions{}, scaled_cache, dy, scaled_dx, &scaled_squares);
+  ffn_backward(x, w, FfnOptions{hidden_scale}, cache, dy, &dx, &squares);
+  ffn_backward(x, scaled, FfnOptions{}, scaled_cache, dy, &scaled_dx, &scaled_squares);
   CHECK((dx - scaled_dx).norm() <= 1e-14 * dx.norm());
   // dL/dW_1 = s x^T dL/d(s x W_1), s times the scaled weight's gradient x^T dL/d(x sW_1), while
   // dL/dW_2 is the same: the squares differ by (s^2 - 1) |x^T dL/d(x sW_1)|^2.

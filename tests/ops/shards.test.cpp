@@ -160,8 +160,8 @@ TEST_CASE("ffn and attention give the same bits on two cores as on one") {
       CHECK(same_bits(out_one, out_two));
       Mat<float> dx_one = Mat<float>::Zero(probes * tokens, d), dx_two = dx_one;
       ParamGradSquares squares_one, squares_two;
-      ffn_backward(x, w, options, one, dy, dx_one, &squares_one);
-      ffn_backward(x, w, options, two, dy, dx_two, &squares_two, &two_cores);
+      ffn_backward(x, w, options, one, dy, &dx_one, &squares_one);
+      ffn_backward(x, w, options, two, dy, &dx_two, &squares_two, &two_cores);
       CHECK(same_bits(dx_one, dx_two));
       CHECK(squares_one == squares_two);
     }
@@ -183,8 +183,8 @@ TEST_CASE("ffn and attention give the same bits on two cores as on one") {
         CHECK(same_bits(out_one, out_two));
         Mat<float> dx_one = Mat<float>::Zero(probes * tokens, d), dx_two = dx_one;
         ParamGradSquares squares_one, squares_two;
-        attention_backward(x, w, options, one, dy, dx_one, &squares_one);
-        attention_backward(x, w, options, two, dy, dx_two, &squares_two, &two_cores);
+        attention_backward(x, w, options, one, dy, &dx_one, &squares_one);
+        attention_backward(x, w, options, two, dy, &dx_two, &squares_two, &two_cores);
         CHECK(same_bits(dx_one, dx_two));
         CHECK(squares_one == squares_two);
       }
@@ -206,8 +206,8 @@ TEST_CASE("ffn and attention give the same bits on two cores as on one") {
       CHECK(same_bits(out_one, out_two));
       Mat<float> dx_one = Mat<float>::Zero(probes * tokens, d), dx_two = dx_one;
       ParamGradSquares squares_one, squares_two;
-      ffn_backward(x, gated, options, one, dy, dx_one, &squares_one);
-      ffn_backward(x, gated, options, two, dy, dx_two, &squares_two, &two_cores);
+      ffn_backward(x, gated, options, one, dy, &dx_one, &squares_one);
+      ffn_backward(x, gated, options, two, dy, &dx_two, &squares_two, &two_cores);
       CHECK(same_bits(dx_one, dx_two));
       CHECK(squares_one == squares_two);
     }
@@ -237,8 +237,8 @@ TEST_CASE("ffn and attention give the same bits on two cores as on one") {
       CHECK(same_bits(out_one, out_two));
       Mat<float> dx_one = Mat<float>::Zero(probes * tokens, d), dx_two = dx_one;
       ParamGradSquares squares_one, squares_two;
-      attention_backward(x, grouped, options, one, dy, dx_one, &squares_one);
-      attention_backward(x, grouped, options, two, dy, dx_two, &squares_two, &two_cores);
+      attention_backward(x, grouped, options, one, dy, &dx_one, &squares_one);
+      attention_backward(x, grouped, options, two, dy, &dx_two, &squares_two, &two_cores);
       CHECK(same_bits(dx_one, dx_two));
       CHECK(squares_one == squares_two);
     }
