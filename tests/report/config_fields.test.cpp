@@ -51,9 +51,11 @@ TEST_CASE("the sweep model holds the fields every cell shares and the options re
   const nlohmann::ordered_json json = sweep_model_to_json(model);
   CHECK(keys(json) == std::vector<std::string>{"block", "heads", "seq", "norm", "norm_eps", "init",
                                                "precision", "branch", "probes", "input_corr", "alpha",
-                                               "keel_variant"});
+                                               "keel_variant", "mix_ratio", "rezero_alpha"});
   CHECK(json.at("alpha") == "paper's constant");  // unset: the placement's own constant
   CHECK(json.at("keel_variant") == "v2");
+  CHECK(json.at("mix_ratio") == 0.25);
+  CHECK(json.at("rezero_alpha") == 0.0);
   model.options["alpha"] = 3.0;
   CHECK(sweep_model_to_json(model).at("alpha") == 3.0);
 }
