@@ -53,20 +53,22 @@ TEST_CASE("the sweep model holds the fields every cell shares and the options re
   CHECK(keys(json) == std::vector<std::string>{"block", "heads", "seq", "norm", "norm_eps", "init",
                                                "precision", "branch", "probes", "input_corr", "ffn",
                                                "kv_heads", "rope_theta", "rope_fraction", "bias", "alpha",
-                                               "keel_variant"});
+                                               "keel_variant", "mix_ratio", "rezero_alpha"});
   CHECK(json.at("alpha") == "paper's constant");  // unset: the placement's own constant
   CHECK(json.at("keel_variant") == "v2");
+  CHECK(json.at("mix_ratio") == 0.25);
+  CHECK(json.at("rezero_alpha") == 0.0);
   model.options["alpha"] = 3.0;
   CHECK(sweep_model_to_json(model).at("alpha") == 3.0);
 }
 
 TEST_CASE("check compares the configuration fields that change what a run measures") {
   CHECK(compared_config_keys() ==
-        std::vector<std::string>{"blocks",         "sublayers",     "block",         "width",
-                                 "heads",          "ffn_hidden",    "seq",           "norm",
-                                 "norm_eps",       "init",          "precision",     "branch",
-                                 "probes",         "input_corr",    "ffn",           "kv_heads",
-                                 "rope_theta",     "rope_fraction", "bias",          "update_step",
+        std::vector<std::string>{"blocks",         "sublayers",     "block",       "width",
+                                 "heads",          "ffn_hidden",    "seq",         "norm",
+                                 "norm_eps",       "init",          "precision",   "branch",
+                                 "probes",         "input_corr",    "ffn",         "kv_heads",
+                                 "rope_theta",     "rope_fraction", "bias",        "update_step",
                                  "learning_rates", "update_params", "keel_variant"});
   CHECK(config_flag("blocks") == "--depth");
   CHECK(config_flag("keel_variant") == "--keel-variant");
