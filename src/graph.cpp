@@ -344,7 +344,8 @@ void GraphExecutor<Scalar>::weight_gradients(const SublayerGraph& graph, const B
     attention_weight_gradients(input, attention_options(graph, context), attention_, cotangents_[branch],
                                gradients, context.shards);
   } else {
-    ffn_weight_gradients(input, ffn_, cotangents_[branch], gradients, context.shards);
+    ffn_weight_gradients(input, ffn_options(graph, context), ffn_, cotangents_[branch], gradients,
+                         context.shards);
   }
 }
 

@@ -36,8 +36,9 @@ struct Divergence {
 };
 
 // The matrix kinds of a sublayer, in SublayerWeights' order; --update's step size is per kind.
-inline constexpr const char* kMatrixKinds[] = {"w_q", "w_k", "w_v", "w_o", "w_1", "w_2"};
-inline constexpr int kMatrixKindCount = 6;
+// w_3: a gated FFN's third matrix (--ffn swiglu|geglu; empty otherwise).
+inline constexpr const char* kMatrixKinds[] = {"w_q", "w_k", "w_v", "w_o", "w_1", "w_2", "w_3"};
+inline constexpr int kMatrixKindCount = 7;
 
 // One optimizer step at one learning rate (--update; metrics.md, "The model update").
 struct UpdateStep {
@@ -47,7 +48,7 @@ struct UpdateStep {
   double delta_loss = kNone;              // L(theta + Delta) - L(theta), measured
   double delta_loss_first_order = kNone;  // sum_l update_loss_l
   // Per matrix kind (kMatrixKinds): norm(Delta W) / norm(W) over the stack's matrices of that kind.
-  double step_rel[kMatrixKindCount] = {kNone, kNone, kNone, kNone, kNone, kNone};
+  double step_rel[kMatrixKindCount] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone};
   // --update-params all: norm(Delta gamma) / norm(gamma) over every norm gain of the stack and head.
   double step_rel_norm_gain = kNone;
   int diverged_state = -1;  // the first stepped state with a non-finite entry; -1: none

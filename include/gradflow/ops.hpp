@@ -245,11 +245,13 @@ template <typename Scalar>
 void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
              FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
              const SublayerWeights<Scalar>* d_w = nullptr);
-// After ffn_backward of one probe's d_out: dL/dW_2 = H^T dY, dL/dW_1 = x^T dL/d(x W_1); with
-// shards, one product on each (the same FLOPs), whole on one thread as for attention.
+// After ffn_backward of one probe's d_out: dL/dW_2 = H^T dY, dL/dW_1 = x^T dL/d(x W_1), and for a
+// gated FFN dL/dW_3 = x^T dL/d(x W_3) (empty otherwise); with shards, W_1 on one and W_2 (and W_3)
+// on the other, each product whole on one thread as for attention.
 template <typename Scalar>
-void ffn_weight_gradients(const Mat<Scalar>& x, const FfnCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                          SublayerWeights<Scalar>& gradients, ShardPair* shards = nullptr);
+void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const FfnCache<Scalar>& cache,
+                          const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients,
+                          ShardPair* shards = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // The idealised branch: a fixed 90-degree rotation within coordinate pairs (2i, 2i+1), so that

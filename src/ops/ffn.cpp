@@ -311,16 +311,19 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
 }
 
 template <typename Scalar>
-void ffn_weight_gradients(const Mat<Scalar>& x, const FfnCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                          SublayerWeights<Scalar>& gradients, ShardPair* shards) {
+void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const FfnCache<Scalar>& cache,
+                          const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients, ShardPair* shards) {
+  const bool gated = options.kind != FfnKind::gelu;
   gradients.w_1.resize(x.cols(), cache.d_hidden_pre.cols());
   gradients.w_2.resize(cache.hidden.cols(), d_out.cols());
+  gradients.w_3.resize(x.cols(), gated ? cache.d_gate_pre.cols() : 0);
   const auto products = [&](int shard) {
     if (shard == 0) {
       // d_hidden_pre: dL/d(x W_1), s applied
       multiply_first_transposed(x, cache.d_hidden_pre, gradients.w_1);
     } else {
       multiply_first_transposed(cache.hidden, d_out, gradients.w_2);
+      if (gated) multiply_first_transposed(x, cache.d_gate_pre, gradients.w_3);  // dL/d(x W_3), s applied
     }
   };
   if (shards) return shards->run(products);
@@ -360,7 +363,7 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
   template void ffn_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,       \
                                 FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&,                         \
                                 const SublayerWeights<Scalar>*);                                             \
-  template void ffn_weight_gradients<Scalar>(const Mat<Scalar>&, const FfnCache<Scalar>&,                    \
+  template void ffn_weight_gradients<Scalar>(const Mat<Scalar>&, const FfnOptions&, const FfnCache<Scalar>&, \
                                              const Mat<Scalar>&, SublayerWeights<Scalar>&, ShardPair*);      \
   template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                  \
   template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);

@@ -37,11 +37,11 @@ double gain_step(UpdateRule rule, double lr, const std::vector<Mat<Scalar>>& sca
 
 // Which of kMatrixKinds a sublayer of this kind has: [first, last).
 inline std::pair<int, int> matrix_range(SublayerKind kind) {
-  return kind == SublayerKind::attn ? std::pair{0, 4} : std::pair{4, 6};
+  return kind == SublayerKind::attn ? std::pair{0, 4} : std::pair{4, 7};
 }
 
-// The shard that handles matrix kind m in the elementwise work of a step, half the entries on
-// each: W_Q, W_K | W_V, W_O and W_1 | W_2, as the weight gradients are split.
+// The shard that handles matrix kind m in the elementwise work of a step, as the weight gradients
+// are split: W_Q, W_K | W_V, W_O and W_1 | W_2 (half the entries on each), W_3 with W_2.
 inline int matrix_shard(int m) {
   return m == 0 || m == 1 || m == 4 ? 0 : 1;
 }
@@ -60,11 +60,11 @@ void for_each_matrix(SublayerKind kind, ShardPair* shards, Work&& work) {
 // The sublayer's matrices in SublayerWeights' (and kMatrixKinds') order; empty ones are not set.
 template <typename Scalar>
 std::array<Mat<Scalar>*, kMatrixKindCount> matrices(SublayerWeights<Scalar>& weights) {
-  return {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2};
+  return {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2, &weights.w_3};
 }
 template <typename Scalar>
 std::array<const Mat<Scalar>*, kMatrixKindCount> matrices(const SublayerWeights<Scalar>& weights) {
-  return {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2};
+  return {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2, &weights.w_3};
 }
 
 }  // namespace gradflow

@@ -39,7 +39,7 @@ def canonical(name):
     name = re.sub(r"^log10_singular_value_\d+", "log10_singular_value_i", name)
     name = re.sub(r"^(update_rms|log10_update_rel|update_loss|update_loss_share|output_update_rel|delta_loss|"
                   r"delta_loss_first_order|learning_rate|diverged_state)_\d+$", r"\1_i", name)
-    name = re.sub(r"^step_rel_(w_q|w_k|w_v|w_o|w_1|w_2|norm_gain)_\d+$", "step_rel_KIND_i", name)
+    name = re.sub(r"^step_rel_(w_q|w_k|w_v|w_o|w_1|w_2|w_3|norm_gain)_\d+$", "step_rel_KIND_i", name)
     return name
 
 
@@ -67,6 +67,7 @@ ANALYZE = [
     ["--arch", "keel", "--depth", "2", "--spectrum", "2", "--exact-jacobian", "--angles", "all", "--norm", "dyt"],
     ["--arch", "plain", "--depth", "200"],  # diverged (underflow)
     ["--arch", "post-ln,deepnorm", "--depth", "2", "--update", "adam", "--lr", "1e-4,1e-3"],
+    ["--arch", "pre-ln", "--depth", "2", "--ffn", "swiglu", "--update", "sgd", "--lr", "1e-3"],
 ]
 
 
@@ -80,7 +81,7 @@ def every_analyze_json_key_is_documented():
     for args in ANALYZE:
         found |= json_keys(json.loads(run("analyze", *SMALL, *args, "--format", "json")))
     assert "log10_singular_value_i" in found and "diverged" in found and "angles_matrix" in found
-    assert "update_loss_share_i" in found and "output_update_rel" in found and "w_2" in found
+    assert "update_loss_share_i" in found and "output_update_rel" in found and "w_2" in found and "w_3" in found
     missing = undocumented(found)
     assert not missing, f"JSON keys without an entry in docs/: {missing}"
 

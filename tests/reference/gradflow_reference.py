@@ -758,7 +758,7 @@ def analyze(stack, x0, probes):
 
 
 # gradflow's matrix names (step_rel keys) for the exported tensor names
-MATRIX_KINDS = {"W_Q": "w_q", "W_K": "w_k", "W_V": "w_v", "W_O": "w_o", "W_1": "w_1", "W_2": "w_2"}
+MATRIX_KINDS = {"W_Q": "w_q", "W_K": "w_k", "W_V": "w_v", "W_O": "w_o", "W_1": "w_1", "W_2": "w_2", "W_3": "w_3"}
 
 
 class GainedNorm:
