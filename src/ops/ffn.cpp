@@ -316,7 +316,11 @@ void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const
   const bool gated = options.kind != FfnKind::gelu;
   gradients.w_1.resize(x.cols(), cache.d_hidden_pre.cols());
   gradients.w_2.resize(cache.hidden.cols(), d_out.cols());
-  gradients.w_3.resize(x.cols(), gated ? cache.d_gate_pre.cols() : 0);
+  if (gated) {
+    gradients.w_3.resize(x.cols(), cache.d_gate_pre.cols());
+  } else {
+    gradients.w_3.resize(0, 0);  // as the weights' w_3
+  }
   const auto products = [&](int shard) {
     if (shard == 0) {
       // d_hidden_pre: dL/d(x W_1), s applied
