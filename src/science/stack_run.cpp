@@ -43,8 +43,8 @@ SublayerContext StackRun<Scalar>::context(int sublayer) const {
 
 template <typename Scalar>
 BranchContext<Scalar> StackRun<Scalar>::branch_context(const SublayerContext& ctx) const {
-  return BranchContext<Scalar>{ctx.kind,      config_.branch, config_.norm, config_.heads,
-                               nullptr,       shards_.get(),  block_ops(config_)};
+  return BranchContext<Scalar>{ctx.kind, config_.branch, config_.norm,      config_.heads,
+                               nullptr,  shards_.get(),  block_ops(config_)};
 }
 
 template <typename Scalar>
