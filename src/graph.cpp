@@ -271,15 +271,17 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
         // Nodes come in topological order, so none before the branch reads it: to_weights stops.
         const bool to_weights = path == BranchPath::to_weights;
         Mat<Scalar>* d_input = to_weights ? nullptr : &d_a;
+        // <dL/dF, F> only for the probe backward (to_weights, like dx = nullptr, wants neither).
+        std::vector<double>* output_dots =
+            skipped_branch_output_ && !to_weights ? &branch_output_dots_ : nullptr;
         if (context.branch == BranchKind::rotation) {
           if (!to_weights) rotation_backward(d_out, d_a);
         } else if (context.kind == SublayerKind::attn) {
           attention_backward(values_[node.lhs], *context.weights, attention_options(graph, context),
-                             attention_, d_out, d_input, param_grads, context.shards,
-                             skipped_branch_output_ ? &branch_output_dots_ : nullptr);
+                             attention_, d_out, d_input, param_grads, context.shards, output_dots);
         } else {
           ffn_backward(values_[node.lhs], *context.weights, ffn_options(graph, context), ffn_, d_out, d_input,
-                       param_grads, context.shards, skipped_branch_output_ ? &branch_output_dots_ : nullptr);
+                       param_grads, context.shards, output_dots);
         }
         if (to_weights) return;
         break;
