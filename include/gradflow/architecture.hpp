@@ -1,8 +1,10 @@
-// The registry of residual / normalisation placements: one recipe file per architecture
-// (src/archs/*.cpp), one table (src/archs/registry.cpp).
+// The registry of residual / normalisation placements: one placement file per architecture
+// (data/placements/builtins/*.toml, compiled in; src/archs/*.cpp for the two the file format cannot
+// express), one table (src/archs/registry.cpp).
 #pragma once
 #include <deque>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,10 +35,22 @@ enum class UnusedOption {
   refuse,  // refuse the run; when some selected placement declares it, warn for each one that does not
 };
 
-// A setting of a placement (--alpha, --keel-variant, ...), declared in its recipe file next to the
-// constants it feeds. The CLI flags, validate(), the JSON documents, `archs` and `check` are derived
-// from these declarations; a value given by the user sits in ModelConfig::options under `key`.
-// Several placements may declare the same option (the same key and flag); it is one flag.
+// The interval a number option's value must lie in, as a placement file writes it ("[0, 1]",
+// "(0, inf)"); NaN is never inside.
+struct NumberRange {
+  double low = -std::numeric_limits<double>::infinity();
+  double high = std::numeric_limits<double>::infinity();
+  bool low_closed = false, high_closed = false;
+  bool contains(double value) const;
+  // What the error says a value must do: "be finite", "be positive and finite", "lie in [0, 1]".
+  std::string requirement() const;
+};
+
+// A setting of a placement (--alpha, --keel-variant, ...), declared in its placement file
+// ([options.KEY], docs/placement-files.md) next to the constants it feeds. The CLI flags,
+// validate_options(), the JSON documents, `archs` and `check` are derived from these declarations;
+// a value given by the user sits in ModelConfig::options under `key`. Several placements may
+// declare the same option (the same key and flag); it is one flag.
 struct PlacementOption {
   std::string_view key;   // ModelConfig::options key and JSON key, e.g. "mix_ratio"
   std::string_view flag;  // e.g. "--mix-ratio"
@@ -45,8 +59,9 @@ struct PlacementOption {
   // placement (a paper's constant); then `default_text` says so, in --help and in a sweep's model.
   std::optional<OptionValue> default_value;
   std::string_view default_text;
-  std::vector<std::string_view> choices;   // the values of a word option; empty: a number option
-  void (*check_number)(double) = nullptr;  // a number's rule: throws InputError naming value and fix
+  std::vector<std::string_view> choices;  // the values of a word option; empty: a number option
+  NumberRange range;                      // a number option's allowed values
+  std::string_view fix;                   // the advice ending the error for a value outside range or choices
   UnusedOption when_unused = UnusedOption::warn;
   std::string_view sets;  // what it sets, for the refusal: "the skip weight" (refuse only)
   bool in_run_config =
@@ -125,33 +140,13 @@ std::vector<std::string_view> placements_declaring(std::string_view key);
 // (a number's check, a word's choices), or std::logic_error for a key no placement declares.
 void validate_options(const ModelConfig& config);
 
-// Shared recipe pieces used by several placements.
+// Recipe pieces of the C++ recipes (admin, span-norm).
 namespace recipes {
 void post_norm(SublayerGraph& g, double skip_weight);  // x <- N(w x + F(x))
-void pre_norm(SublayerGraph& g);                       // x <- x + F(N(x))
-// x <- w x + s F(N(x)): pre-norm with a skip weight w and a branch scale s (LayerScale, depth-muP,
-// DeepScaleLM); the update is s F(N(x)).
-void scaled_pre_norm(SublayerGraph& g, double skip_weight, double branch_scale);
-// HybridNorm (Zhuo et al. 2025, arXiv 2503.04598): attention x <- x + Attn(x) with per-head
-// q/k/v norm and no input norm; FFN h = N(x), x <- h + FFN(h).
-void hybrid_norm(SublayerGraph& g, SublayerKind kind);
-// x <- x + update as the next state, marking update and sum for branch_rms and stream_share.
-void residual_add(SublayerGraph& g, Value x, Value update);
-// DeepNet's shape, shared by deepnorm and deepnorm-glm (only their constants differ):
-// x <- N(alpha x + F(x)), no final norm, DeepNet init gains, --alpha overrides alpha.
-void deepnet_post_norm(Architecture& arch);
-// --alpha: overrides the skip weight of the placements that declare it (their constant "alpha").
-PlacementOption skip_weight_option();
-void final_norm(SublayerGraph& g);       // y = N(x)
-void identity_output(SublayerGraph& g);  // y = x
+void identity_output(SublayerGraph& g);                // y = x
 // The idealised skip factor of a post-norm sublayer with skip weight a: a / sqrt(a^2 + 1)
 // (Keel, arXiv 2601.19895, Eq. 15 with a = 1 and Eq. 19).
 double post_norm_skip_theory(double skip_weight);
-// An identity skip path: skip_gain is exactly 1.
-std::optional<double> identity_skip_theory(const SublayerContext& ctx);
-// DeepNet's init (arXiv 2203.00555, Fig. 2): gain beta (the constant "beta") on W_V, W_O, W_1,
-// W_2 and gain 1 on W_Q, W_K; shared by deepnorm and deepnorm-glm.
-double deepnet_init_gain(const SublayerContext& ctx, WeightMatrix matrix);
 }  // namespace recipes
 
 }  // namespace gradflow

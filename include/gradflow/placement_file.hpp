@@ -13,6 +13,10 @@ namespace gradflow {
 // as the program (the Architecture's views point into it).
 Architecture load_placement_file(const std::string& path);
 
+// A built-in defined by the compiled-in text of data/placements/builtins/NAME.toml: the same
+// reading and checks, with source "built-in" (its text is not recorded in a run's config).
+Architecture load_built_in_placement(std::string_view name, std::string_view text);
+
 // True for an --arch value that names a file rather than an id (it ends in ".toml").
 bool is_placement_path(std::string_view name);
 

@@ -1,27 +1,9 @@
-// One constructor per architecture recipe file; registry.cpp puts them in one table.
+// The C++ recipes of the placements the file format cannot express (docs/placement-files.md, "What
+// a file cannot express"); registry.cpp puts them in the table with the built-in files.
 #pragma once
 #include "gradflow/architecture.hpp"
 
 namespace gradflow::archs {
-Architecture post_ln();
-Architecture pre_ln();
-Architecture deepnorm();
-Architecture keel();
-Architecture mix_ln();
-Architecture hybridnorm();
-Architecture hybridnorm_star();
-Architecture resi_dual();
-Architecture siamese_norm();
-Architecture span_norm();
-Architecture peri_ln();
-Architecture olmo2();
-Architecture admin();
-Architecture rezero();
-Architecture layerscale();
-Architecture depth_mup();
-Architecture deepscalelm();
-Architecture ngpt();
-Architecture lns();
-Architecture deepnorm_glm();
-Architecture plain();
+Architecture span_norm();  // two streams inside a block, one between blocks
+Architecture admin();      // the skip weight is profiled in a forward pass
 }  // namespace gradflow::archs

@@ -1,10 +1,11 @@
 // Placement options (PlacementOption, architecture.hpp): the registry-wide view of the options the
-// recipe files declare, and their validation.
+// placement files declare ([options.KEY], docs/placement-files.md), and their validation.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "gradflow/architecture.hpp"
@@ -22,6 +23,24 @@ std::vector<const PlacementOption*> placement_options() {
     }
   }
   return options;
+}
+
+bool NumberRange::contains(double value) const {
+  // Written as !(outside) comparisons that NaN fails, so that NaN is never inside.
+  const bool above = low_closed ? value >= low : value > low;
+  const bool below = high_closed ? value <= high : value < high;
+  return above && below && std::isfinite(value);
+}
+
+std::string NumberRange::requirement() const {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  if (low == -inf && high == inf) return "be finite";
+  if (low == 0.0 && !low_closed && high == inf) return "be positive and finite";
+  const auto bound = [](double v) {
+    return std::isinf(v) ? std::string(v > 0 ? "inf" : "-inf") : fmt::format("{}", v);
+  };
+  return fmt::format("lie in {}{}, {}{}", low_closed ? '[' : '(', bound(low), bound(high),
+                     high_closed ? ']' : ')');
 }
 
 std::string PlacementOption::shown_default() const {
@@ -63,37 +82,17 @@ void validate_options(const ModelConfig& config) {
     if (option.is_word() != std::holds_alternative<std::string>(value))
       throw std::logic_error(fmt::format("option {:?} given as the wrong type", key));
     if (const auto* number = std::get_if<double>(&value)) {
-      if (option.check_number) option.check_number(*number);
+      if (!option.range.contains(*number))
+        throw InputError(fmt::format("{} {} must {}{}", option.flag, *number, option.range.requirement(),
+                                     option.fix.empty() ? "" : fmt::format("; {}", option.fix)));
       continue;
     }
     const std::string& word = std::get<std::string>(value);
     if (std::find(option.choices.begin(), option.choices.end(), word) == option.choices.end()) {
-      throw InputError(fmt::format("{} {:?} is not {}; try {} {}", option.flag, word, quoted_choices(option),
-                                   option.flag, std::get<std::string>(*option.default_value)));
+      throw InputError(fmt::format("{} {:?} is not {}{}", option.flag, word, quoted_choices(option),
+                                   option.fix.empty() ? "" : fmt::format("; {}", option.fix)));
     }
   }
 }
-
-namespace recipes {
-PlacementOption skip_weight_option() {
-  PlacementOption option;
-  option.key = "alpha";
-  option.flag = "--alpha";
-  option.help =
-      "Override the skip weight a of deepnorm, deepnorm-glm or keel (default: the paper's constant)";
-  option.default_text = "paper's constant";
-  // Written as !(inside) so that NaN, which compares false with everything, is refused too.
-  option.check_number = [](double alpha) {
-    if (!(alpha > 0.0 && std::isfinite(alpha))) {
-      throw InputError(fmt::format(
-          "--alpha {} must be positive and finite; omit it to use the placement's own constant", alpha));
-    }
-  };
-  option.when_unused = UnusedOption::refuse;
-  option.sets = "the skip weight";
-  option.in_sweep_model = true;
-  return option;
-}
-}  // namespace recipes
 
 }  // namespace gradflow

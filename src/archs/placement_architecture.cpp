@@ -25,7 +25,9 @@ auto reporting_position(Body body) {
 }
 
 double init_gain(const PlacementDefinition& def, const SublayerContext& ctx, WeightMatrix matrix) {
-  const auto& gain = def.init_gains[static_cast<std::size_t>(matrix)];
+  // A gated FFN's W_3 is drawn like W_1 (WeightMatrix::gate), so it takes up's gain.
+  const WeightMatrix drawn_like = matrix == WeightMatrix::gate ? WeightMatrix::up : matrix;
+  const auto& gain = def.init_gains.at(static_cast<std::size_t>(drawn_like));
   if (!gain) return 1.0;
   placement::ConstantEvaluator values(def, placement::position_of(ctx.config, ctx.sublayer));
   const double value = values.value(*gain);
@@ -58,13 +60,46 @@ void check_every_sublayer(const PlacementDefinition& def, const ModelConfig& con
   placement::build_output_graph(def, scratch, placement::position_of(config, config.sublayers()));
 }
 
+// [[requires]]: a size the placement cannot take is refused before its formulas are evaluated.
+void check_requirements(const PlacementDefinition& def, const ModelConfig& config) {
+  placement::ConstantEvaluator values(def, placement::position_of(config, config.sublayers()));
+  for (const placement::Requirement& requirement : def.requirements) {
+    if (!values.holds(requirement.condition))
+      throw InputError(fmt::format("--arch {} at S = {}, B = {}: {}", def.id, config.sublayers(),
+                                   config.blocks, requirement.message));
+  }
+}
+
 Constants file_constants(const PlacementDefinition& def, const ModelConfig& config) {
+  check_requirements(def, config);
   check_every_sublayer(def, config);
   placement::ConstantEvaluator values(def, placement::position_of(config, config.sublayers()));
   Constants out;
-  for (const auto& [name, e] : def.constants)
-    out.push_back({name, values.value(e), def.constant_texts.at(name), "file"});
+  for (const auto& [name, e] : def.constants) {
+    const placement::ConstantRecord& record = def.constant_records.at(name);
+    const placement::OptionDeclaration* option = placement::find_option(def, record.option);
+    const std::optional<double> given = option ? config.number_option(record.option) : std::nullopt;
+    out.push_back(
+        {name, given ? *given : values.value(e), given ? option->flag : record.formula, record.unit});
+  }
   return out;
+}
+
+PlacementOption declared_option(const placement::OptionDeclaration& d) {
+  PlacementOption option;
+  option.key = d.key;
+  option.flag = d.flag;
+  option.help = d.help;
+  option.default_value = d.default_value;
+  option.default_text = d.default_text;
+  for (const std::string& choice : d.choices) option.choices.push_back(choice);
+  option.range = d.range;
+  option.fix = d.fix;
+  option.when_unused = d.when_unused;
+  option.sets = d.sets;
+  option.in_run_config = d.in_run_config;
+  option.in_sweep_model = d.in_sweep_model;
+  return option;
 }
 }  // namespace
 
@@ -73,7 +108,7 @@ Architecture placement_architecture(const PlacementDefinition& def) {
   arch.id = def.id;
   for (const std::string& alias : def.aliases) arch.aliases.push_back(alias);
   arch.update_rule = def.update_rule;
-  arch.final_norm = def.output_text;
+  arch.final_norm = def.final_norm.empty() ? def.output_text : def.final_norm;
   arch.citation = def.citation;
   arch.expected_growth = def.expected_growth;
   arch.provisional = !def.provisional_note.empty();
@@ -83,10 +118,14 @@ Architecture placement_architecture(const PlacementDefinition& def) {
   arch.initial_streams = static_cast<int>(def.streams.size());
   arch.additive_stream = def.additive;
   arch.unit_norm_weights = def.unit_norm_weights;
-  arch.source = def.path;
-  arch.file_text = def.text;
-  arch.file_hash = def.hash;
+  if (!def.built_in) {  // a built-in's definition is the binary's; a file's travels with each run
+    arch.source = def.path;
+    arch.file_text = def.text;
+    arch.file_hash = def.hash;
+  }
   arch.defined_at = def.id_at;
+  for (const placement::OptionDeclaration& option : def.options)
+    arch.options.push_back(declared_option(option));
   const PlacementDefinition* d = &def;
   arch.constants = [d](const ModelConfig& config) {
     return reporting_position([&] { return file_constants(*d, config); });

@@ -90,7 +90,10 @@ class Checker {
     const PlacementDefinition& def = *s_.def;
     const bool stream = std::find(def.streams.begin(), def.streams.end(), e.text) != def.streams.end();
     if (s_.tensors && stream) return void(e.tensor = true);  // a stream may take a size's name (ResiDual's d)
-    if (is_size(e.text) || def.constants.count(e.text)) return;
+    if (is_size(e.text) || def.constants.count(e.text) || is_number_option_name(def, e.text)) return;
+    if (is_word_option_name(def, e.text))
+      fail(e, fmt::format("word option '{}' can only be compared in a condition ('{} == {}')", e.text, e.text,
+                          find_option(def, e.text)->choices.front()));
     if (s_.tensors && s_.bindings && s_.bindings->count(e.text)) {
       e.tensor = true;
       e.holds_branch = s_.bindings->at(e.text)->holds_branch;
@@ -104,6 +107,7 @@ class Checker {
   void unknown(const Expr& e, const char* what) {
     std::vector<std::string> known(kSizes.begin(), kSizes.end());
     for (const auto& [name, value] : s_.def->constants) known.push_back(name);
+    for (const OptionDeclaration& option : s_.def->options) known.push_back(option.key);
     if (s_.tensors) {
       known.insert(known.end(), s_.def->streams.begin(), s_.def->streams.end());
       if (s_.bindings)
@@ -158,8 +162,10 @@ class Checker {
   }
 
   void compare(Expr& e) {
-    const auto word_side = [](const Expr& a) {
-      return a.kind == ExprKind::name && (a.text == "kind" || a.text == "block_kind");
+    const PlacementDefinition& def = *s_.def;
+    const auto word_side = [&](const Expr& a) {
+      return a.kind == ExprKind::name &&
+             (a.text == "kind" || a.text == "block_kind" || is_word_option_name(def, a.text));
     };
     if (!word_side(e.args[0]) && !word_side(e.args[1])) {
       for (Expr& a : e.args) constant(a);
@@ -167,9 +173,10 @@ class Checker {
     }
     const Expr& subject = word_side(e.args[0]) ? e.args[0] : e.args[1];
     const Expr& word = word_side(e.args[0]) ? e.args[1] : e.args[0];
-    const std::vector<std::string> words = subject.text == "kind"
-                                               ? std::vector<std::string>{"attn", "ffn"}
-                                               : std::vector<std::string>{"attn_ffn", "ffn", "attn"};
+    std::vector<std::string> words = subject.text == "kind" ? std::vector<std::string>{"attn", "ffn"}
+                                     : subject.text == "block_kind"
+                                         ? std::vector<std::string>{"attn_ffn", "ffn", "attn"}
+                                         : find_option(def, subject.text)->choices;
     if (word.kind != ExprKind::name || std::find(words.begin(), words.end(), word.text) == words.end()) {
       const std::string nearest = word.kind == ExprKind::name ? nearest_name(word.text, words) : "";
       fail(word, fmt::format("{} is compared with one of {}{}", subject.text, fmt::join(words, ", "),
@@ -228,7 +235,43 @@ bool is_additive(const PlacementDefinition& def) {
            root.args[0].kind == ExprKind::name && root.args[0].text == def.streams[0];
   });
 }
+
+// The depth unit of a constant's formula, from the sizes it uses directly or through other
+// constants (docs/placement-files.md, "[constants]").
+void collect_sizes(const PlacementDefinition& def, const Expr& e, bool& blocks, bool& sublayers) {
+  if (e.kind == ExprKind::name) {
+    blocks |= e.text == "B" || e.text == "b";
+    sublayers |= e.text == "S" || e.text == "l";
+    if (const auto named = def.constants.find(e.text); named != def.constants.end())
+      collect_sizes(def, named->second, blocks, sublayers);
+  }
+  for (const Expr& a : e.args) collect_sizes(def, a, blocks, sublayers);
+}
+
+std::string inferred_unit(const PlacementDefinition& def, const Expr& e) {
+  bool blocks = false, sublayers = false;
+  collect_sizes(def, e, blocks, sublayers);
+  if (blocks && sublayers) return "blocks and sublayers";
+  return blocks ? "blocks" : (sublayers ? "sublayers" : "-");
+}
 }  // namespace
+
+const OptionDeclaration* find_option(const PlacementDefinition& def, std::string_view key) {
+  for (const OptionDeclaration& option : def.options) {
+    if (option.key == key) return &option;
+  }
+  return nullptr;
+}
+
+bool is_number_option_name(const PlacementDefinition& def, std::string_view name) {
+  const OptionDeclaration* option = find_option(def, name);
+  return option && !option->is_word() && option->default_value;
+}
+
+bool is_word_option_name(const PlacementDefinition& def, std::string_view name) {
+  const OptionDeclaration* option = find_option(def, name);
+  return option && option->is_word();
+}
 
 void check_definition(PlacementDefinition& def) {
   Scope constants{&def};
@@ -238,8 +281,13 @@ void check_definition(PlacementDefinition& def) {
     std::vector<std::string> path;
     check_constant_cycles(def, name, path);
   }
+  for (auto& [name, e] : def.constants) {
+    ConstantRecord& record = def.constant_records[name];
+    if (record.unit.empty()) record.unit = inferred_unit(def, e);
+  }
   for (auto& gain : def.init_gains)
     if (gain) checker.constant(*gain);
+  for (Requirement& requirement : def.requirements) checker.condition(requirement.condition);
   for (SublayerEntry& entry : def.sublayers) {
     if (entry.when) checker.condition(*entry.when);
     for (auto* e : {&entry.score_scale, &entry.ffn_hidden_scale, &entry.skip_gain})

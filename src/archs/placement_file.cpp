@@ -23,9 +23,13 @@ using placement::Origin;
 using placement::PlacementDefinition;
 using placement::SublayerEntry;
 
-constexpr std::array kTopKeys = {
-    "id",      "citation",    "expected_growth",   "streams",   "output",    "update_rule",
-    "aliases", "provisional", "unit_norm_weights", "constants", "init_gain", "sublayer"};
+constexpr std::array kTopKeys = {"id",          "citation",          "expected_growth", "streams",
+                                 "output",      "update_rule",       "final_norm",      "aliases",
+                                 "provisional", "unit_norm_weights", "options",         "constants",
+                                 "init_gain",   "sublayer",          "requires"};
+constexpr std::array kOptionKeys = {"help", "default",     "default_text", "choices",       "range",
+                                    "fix",  "when_unused", "sets",         "in_run_config", "in_sweep_model"};
+constexpr std::array kConstantKeys = {"value", "option", "formula", "unit"};
 constexpr std::array kEntryKeys = {"when",      "rule",   "qkv_norm", "score_scale", "ffn_hidden_scale",
                                    "skip_gain", "update", "sum"};
 constexpr std::array kMatrices = {"q", "k", "v", "o", "up", "down"};  // WeightMatrix order
@@ -84,7 +88,30 @@ class FileReader {
     }
   }
 
+  std::string formula_text(const toml::node& node, const Expr& e) {
+    return node.is_string() ? node.as_string()->get() : fmt::format("{}", e.number);
+  }
+  bool boolean(const toml::node& node, const char* what) {
+    if (!node.is_boolean()) fail(node.source(), fmt::format("expected {} as true or false", what));
+    return node.as_boolean()->get();
+  }
+
   void read_top(const toml::table& top);
+  void read_options(const toml::table& top);
+  void read_option(const std::string& key, const toml::table& table);
+  void read_option_values(placement::OptionDeclaration& option, const toml::table& table);
+  void read_constant_table(const std::string& name, const toml::table& table);
+  NumberRange parse_range(const toml::node& node);
+  void read_requirement(const toml::table& table) {
+    known_keys(table, std::array{"condition", "message"}, "a [[requires]] entry");
+    def_.requirements.push_back({expression(required_key(table, "condition"), "a condition"),
+                                 string(required_key(table, "message"), "message")});
+  }
+  const toml::node& required_key(const toml::table& table, const char* key) {
+    const toml::node* node = table.get(key);
+    if (!node) fail(table.source(), fmt::format("missing required key '{}'", key));
+    return *node;
+  }
   void read_constants(const toml::table& top);
   void read_entry(const toml::table& table);
 
@@ -140,9 +167,144 @@ void FileReader::read_top(const toml::table& top) {
     if (!unit->is_boolean()) fail(unit->source(), "expected unit_norm_weights as true or false");
     def_.unit_norm_weights = unit->as_boolean()->get();
   }
+  if (top.get("final_norm")) def_.final_norm = string(*top.get("final_norm"), "final_norm");
   const toml::node& output = required(top, "output", *this);
   def_.output_text = string(output, "output");
   def_.output = placement::parse_expression(def_.output_text, origin(output));
+}
+
+void FileReader::read_options(const toml::table& top) {
+  const toml::node* node = top.get("options");
+  if (!node) return;
+  if (!node->is_table()) fail(node->source(), "expected [options.KEY] tables");
+  for (auto&& [key, value] : *node->as_table()) {
+    const std::string name(key.str());
+    const bool name_ok = !name.empty() && std::islower(static_cast<unsigned char>(name[0])) &&
+                         std::all_of(name.begin(), name.end(), [](char c) {
+                           return std::islower(static_cast<unsigned char>(c)) ||
+                                  std::isdigit(static_cast<unsigned char>(c)) || c == '_';
+                         });
+    if (!name_ok || placement::is_reserved(name) ||
+        std::find(def_.streams.begin(), def_.streams.end(), name) != def_.streams.end())
+      fail(key.source(), fmt::format("option '{}': expected a key of lower-case letters, digits and '_' that "
+                                     "is not a reserved name or a stream",
+                                     name));
+    if (!value.is_table()) fail(value.source(), fmt::format("expected [options.{}] as a table", name));
+    read_option(name, *value.as_table());
+  }
+}
+
+void FileReader::read_option(const std::string& key, const toml::table& table) {
+  known_keys(table, kOptionKeys, fmt::format("[options.{}]", key).c_str());
+  placement::OptionDeclaration& option = def_.options.emplace_back();
+  option.key = key;
+  option.flag = "--" + key;
+  std::replace(option.flag.begin(), option.flag.end(), '_', '-');
+  option.at = fmt::format("{}:{}:{}", def_.path, table.source().begin.line, table.source().begin.column);
+  option.help = string(required(table, "help", *this), "help");
+  if (const toml::node* fix = table.get("fix")) option.fix = string(*fix, "fix");
+  if (const toml::node* in = table.get("in_run_config")) option.in_run_config = boolean(*in, "in_run_config");
+  if (const toml::node* in = table.get("in_sweep_model"))
+    option.in_sweep_model = boolean(*in, "in_sweep_model");
+  if (const toml::node* unused = table.get("when_unused")) {
+    const std::string word = string(*unused, "when_unused");
+    const std::vector<std::string> words = {"ignore", "warn", "refuse"};
+    const auto at = std::find(words.begin(), words.end(), word);
+    if (at == words.end()) fail(unused->source(), "when_unused is one of ignore, warn, refuse");
+    option.when_unused = static_cast<UnusedOption>(at - words.begin());
+  }
+  if (const toml::node* sets = table.get("sets")) {
+    if (option.when_unused != UnusedOption::refuse)
+      fail(sets->source(), "'sets' belongs to an option with when_unused = \"refuse\"");
+    option.sets = string(*sets, "sets");
+  }
+  read_option_values(option, table);
+}
+
+// default, default_text, choices and range: a word option has choices and a default among them; a
+// number option a range and a default inside it, or a default_text instead of the default.
+void FileReader::read_option_values(placement::OptionDeclaration& option, const toml::table& table) {
+  const toml::node* fallback = table.get("default");
+  if (const toml::node* choices = table.get("choices")) {
+    option.choices = string_array(*choices, *this, "choices");
+    if (option.choices.empty()) fail(choices->source(), "expected at least one choice");
+    if (table.get("range")) fail(table.get("range")->source(), "a word option (with choices) has no range");
+    if (!fallback || !fallback->is_string())
+      fail(fallback ? fallback->source() : table.source(),
+           fmt::format("option '{}' has choices: expected a default among them as a string", option.key));
+    const std::string word = fallback->as_string()->get();
+    if (std::find(option.choices.begin(), option.choices.end(), word) == option.choices.end())
+      fail(fallback->source(),
+           fmt::format("default \"{}\" is not one of the choices {}", word, fmt::join(option.choices, ", ")));
+    option.default_value = word;
+    return;
+  }
+  if (const toml::node* range = table.get("range")) option.range = parse_range(*range);
+  if (fallback) {
+    if (!fallback->is_number())
+      fail(fallback->source(), "expected a number as the default (a word option needs choices)");
+    const double value = fallback->value<double>().value();
+    if (!option.range.contains(value))
+      fail(fallback->source(), fmt::format("default {} is outside the option's range", value));
+    option.default_value = value;
+  }
+  if (const toml::node* text = table.get("default_text")) {
+    if (fallback) fail(text->source(), "give default or default_text, not both");
+    option.default_text = string(*text, "default_text");
+  }
+  if (!fallback && option.default_text.empty())
+    fail(table.source(), fmt::format("option '{}': expected a default (or a default_text)", option.key));
+}
+
+// "[a, b]", "(a, b)", "[a, b)", "(a, b]" with numbers, inf or -inf.
+NumberRange FileReader::parse_range(const toml::node& node) {
+  const std::string text = string(node, "range");
+  NumberRange range;
+  const std::size_t comma = text.find(',');
+  const bool shape = text.size() >= 5 && (text.front() == '[' || text.front() == '(') &&
+                     (text.back() == ']' || text.back() == ')') && comma != std::string::npos;
+  const auto bound = [&](std::string part, double& out) {
+    part.erase(0, part.find_first_not_of(' '));
+    part.erase(part.find_last_not_of(' ') + 1);
+    char* end = nullptr;
+    out = std::strtod(part.c_str(), &end);
+    return !part.empty() && end == part.c_str() + part.size() && !std::isnan(out);
+  };
+  if (!shape || !bound(text.substr(1, comma - 1), range.low) ||
+      !bound(text.substr(comma + 1, text.size() - comma - 2), range.high) || !(range.low < range.high))
+    fail(node.source(),
+         fmt::format("range \"{}\": expected an interval such as \"[0, 1]\" or \"(0, inf)\"", text));
+  range.low_closed = text.front() == '[';
+  range.high_closed = text.back() == ']';
+  return range;
+}
+
+void FileReader::read_constant_table(const std::string& name, const toml::table& table) {
+  known_keys(table, kConstantKeys, fmt::format("constant '{}'", name).c_str());
+  placement::ConstantRecord& record = def_.constant_records[name];
+  if (const toml::node* option = table.get("option")) {
+    record.option = string(*option, "option");
+    const placement::OptionDeclaration* declared = placement::find_option(def_, record.option);
+    if (!declared || declared->is_word())
+      fail(option->source(), fmt::format("'{}' is not a number option of this file (declare [options.{}])",
+                                         record.option, record.option));
+  }
+  if (const toml::node* value = table.get("value")) {
+    def_.constants[name] = expression(*value, "a constant expression");
+    record.formula = formula_text(*value, def_.constants[name]);
+  } else {
+    const placement::OptionDeclaration* declared = placement::find_option(def_, record.option);
+    if (!declared || !declared->default_value)
+      fail(table.source(),
+           fmt::format("constant '{}': expected a value (or an option with a default)", name));
+    Expr e;
+    e.number = std::get<double>(*declared->default_value);
+    e.origin = origin(table);
+    def_.constants[name] = e;
+    record.formula = fmt::format("{}", e.number);
+  }
+  if (const toml::node* formula = table.get("formula")) record.formula = string(*formula, "formula");
+  if (const toml::node* unit = table.get("unit")) record.unit = string(*unit, "unit");
 }
 
 void FileReader::read_constants(const toml::table& top) {
@@ -155,9 +317,12 @@ void FileReader::read_constants(const toml::table& top) {
       if (taken)
         fail(key.source(),
              fmt::format("'{}' is a reserved name or a stream; choose another constant name", name));
+      if (value.is_table()) {
+        read_constant_table(name, *value.as_table());
+        continue;
+      }
       def_.constants[name] = expression(value, "a constant expression");
-      def_.constant_texts[name] =
-          value.is_string() ? value.as_string()->get() : fmt::format("{}", def_.constants[name].number);
+      def_.constant_records[name].formula = formula_text(value, def_.constants[name]);
     }
   }
   if (const toml::node* node = top.get("init_gain")) {
@@ -218,7 +383,13 @@ void read_definition(PlacementDefinition& def) {
     reader.fail(error.source(), fmt::format("not valid TOML: {}", error.description()));
   }
   reader.read_top(top);
+  reader.read_options(top);
   reader.read_constants(top);
+  if (const toml::node* requires_node = top.get("requires")) {
+    if (!requires_node->is_array_of_tables())
+      reader.fail(requires_node->source(), "expected [[requires]] entries with condition and message");
+    for (const toml::node& entry : *requires_node->as_array()) reader.read_requirement(*entry.as_table());
+  }
   const toml::node* entries = top.get("sublayer");
   if (!entries) reader.fail(top.source(), "missing the [[sublayer]] entries (at least one, with a rule)");
   if (!entries->is_array_of_tables())
@@ -243,12 +414,14 @@ bool is_placement_path(std::string_view name) {
   return name.size() > 5 && name.substr(name.size() - 5) == ".toml";
 }
 
-Architecture load_placement_file(const std::string& path) {
+namespace {
+Architecture define_placement(const std::string& path, std::string text, bool built_in) {
   static std::deque<std::unique_ptr<PlacementDefinition>> loaded;  // for the program's life
   auto def = std::make_unique<PlacementDefinition>();
   def->path = path;
-  def->text = read_text(path);
+  def->text = std::move(text);
   def->hash = placement_hash(def->text);
+  def->built_in = built_in;
   try {
     read_definition(*def);
     placement::check_definition(*def);
@@ -258,6 +431,15 @@ Architecture load_placement_file(const std::string& path) {
   }
   loaded.push_back(std::move(def));
   return placement_architecture(*loaded.back());
+}
+}  // namespace
+
+Architecture load_placement_file(const std::string& path) {
+  return define_placement(path, read_text(path), false);
+}
+
+Architecture load_built_in_placement(std::string_view name, std::string_view text) {
+  return define_placement(fmt::format("data/placements/builtins/{}.toml", name), std::string(text), true);
 }
 
 std::vector<std::string> placement_directories() {

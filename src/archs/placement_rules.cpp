@@ -56,6 +56,12 @@ double ConstantEvaluator::named(const Expr& e) {
   if (e.text == "d") return c.width;
   if (e.text == "T") return c.seq;
   if (e.text == "heads") return c.heads;
+  // A constant bound to an option, or a number option used by its key: the value given with its
+  // flag first (docs/placement-files.md, "[constants]" and "[options.KEY]").
+  const auto record = def_.constant_records.find(e.text);
+  const std::string& option = record != def_.constant_records.end() ? record->second.option : e.text;
+  if (const auto given = c.number_option(option); given && find_option(def_, option)) return *given;
+  if (!def_.constants.count(e.text)) return std::get<double>(*find_option(def_, e.text)->default_value);
   if (const auto cached = cache_.find(e.text); cached != cache_.end()) return cached->second;
   const double v = value(def_.constants.at(e.text));  // its own position on NaN
   cache_[e.text] = v;
@@ -80,20 +86,14 @@ bool ConstantEvaluator::holds(const Expr& e) {
   if (e.kind == ExprKind::logical_or) return holds(e.args[0]) || holds(e.args[1]);
   if (e.kind == ExprKind::logical_not) return !holds(e.args[0]);
   const Expr &left = e.args[0], &right = e.args[1];
-  const bool words = left.kind == ExprKind::name && (left.text == "kind" || left.text == "block_kind");
-  const bool words_right =
-      right.kind == ExprKind::name && (right.text == "kind" || right.text == "block_kind");
-  if (words || words_right) {
-    const Expr& subject = words ? left : right;
-    const std::string& word = words ? right.text : left.text;
-    std::string actual;
-    if (subject.text == "kind")
-      actual = at_.kind == SublayerKind::attn ? "attn" : "ffn";
-    else
-      actual = at_.config->block == BlockKind::attn_ffn
-                   ? "attn_ffn"
-                   : (at_.config->block == BlockKind::ffn ? "ffn" : "attn");
-    return (actual == word) == (e.text == "==");
+  const auto is_word = [&](const Expr& a) {
+    return a.kind == ExprKind::name &&
+           (a.text == "kind" || a.text == "block_kind" || is_word_option_name(def_, a.text));
+  };
+  if (is_word(left) || is_word(right)) {
+    const Expr& subject = is_word(left) ? left : right;
+    const std::string& word = is_word(left) ? right.text : left.text;
+    return (word_value(subject.text) == word) == (e.text == "==");
   }
   const double a = value(left), b = value(right);
   if (e.text == "==") return a == b;
@@ -102,6 +102,16 @@ bool ConstantEvaluator::holds(const Expr& e) {
   if (e.text == "<=") return a <= b;
   if (e.text == ">") return a > b;
   return a >= b;
+}
+
+std::string ConstantEvaluator::word_value(const std::string& subject) const {
+  if (subject == "kind") return at_.kind == SublayerKind::attn ? "attn" : "ffn";
+  if (subject == "block_kind") {
+    const BlockKind block = at_.config->block;
+    return block == BlockKind::attn_ffn ? "attn_ffn" : (block == BlockKind::ffn ? "ffn" : "attn");
+  }
+  const OptionDeclaration& option = *find_option(def_, subject);  // a word option (checked)
+  return at_.config->word_option(subject).value_or(std::get<std::string>(*option.default_value));
 }
 
 const SublayerEntry& select_entry(const PlacementDefinition& def, ConstantEvaluator& values,

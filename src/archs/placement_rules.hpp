@@ -27,14 +27,41 @@ struct SublayerEntry {
   int marked_statement = -1, marked_target = -1;
 };
 
+// One [options.KEY] table; the PlacementOption built from it points into these strings.
+struct OptionDeclaration {
+  std::string key, flag, help, default_text, fix, sets, at;  // at: "path:line:column" of the table
+  std::optional<OptionValue> default_value;
+  std::vector<std::string> choices;  // a word option's values
+  NumberRange range;
+  UnusedOption when_unused = UnusedOption::warn;
+  bool in_run_config = false, in_sweep_model = false;
+  bool is_word() const { return !choices.empty(); }
+};
+
+// What config.constants records for a named constant besides its value (docs: "[constants]").
+struct ConstantRecord {
+  std::string option;   // a number option whose given value replaces the constant, or empty
+  std::string formula;  // the recorded formula when the option is not given
+  std::string unit;     // stated, or inferred from the names the expression uses
+};
+
+// One [[requires]] entry: a condition the run's sizes must meet, and what to say when they do not.
+struct Requirement {
+  Expr condition;
+  std::string message;
+};
+
 struct PlacementDefinition {
   std::string path, text, hash, id_at;  // id_at: "path:line:column" of the id
-  std::string id, citation, expected_growth, update_rule, output_text, provisional_note;
+  std::string id, citation, expected_growth, update_rule, final_norm, output_text, provisional_note;
   std::vector<std::string> aliases, streams;
   std::map<std::string, Expr> constants;
-  std::map<std::string, std::string> constant_texts;
+  std::map<std::string, ConstantRecord> constant_records;
+  std::vector<OptionDeclaration> options;
+  bool built_in = false;  // compiled into the binary (data/placements/builtins): source "built-in"
   std::array<std::optional<Expr>, 6> init_gains;  // by WeightMatrix
   std::vector<SublayerEntry> sublayers;
+  std::vector<Requirement> requirements;
   Expr output;
   bool unit_norm_weights = false;
   bool additive = false;       // inferred by check_definition
@@ -42,8 +69,14 @@ struct PlacementDefinition {
 };
 
 // The static checks (names, types, F once, targets, bindings, constant cycles); fills the marked
-// update/sum and `additive`. Throws ExprError.
+// update/sum, `additive` and the inferred units of the constants. Throws ExprError.
 void check_definition(PlacementDefinition& def);
+
+// The declared option `key`, or nullptr.
+const OptionDeclaration* find_option(const PlacementDefinition& def, std::string_view key);
+// A number option with a default, usable by its key in expressions; a word option, in conditions.
+bool is_number_option_name(const PlacementDefinition& def, std::string_view name);
+bool is_word_option_name(const PlacementDefinition& def, std::string_view name);
 
 // Everything the evaluation of one sublayer depends on.
 struct Position {
@@ -65,6 +98,7 @@ class ConstantEvaluator {
   double evaluate(const Expr& e);
   double call(const Expr& e);
   double named(const Expr& e);
+  std::string word_value(const std::string& subject) const;  // kind, block_kind or a word option
   const PlacementDefinition& def_;
   Position at_;
   std::map<std::string, double> cache_;

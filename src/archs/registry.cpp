@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "archs.hpp"
+#include "built_in_placements.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/placement_file.hpp"
 #include "gradflow/suggest.hpp"
@@ -17,32 +18,81 @@
 namespace gradflow {
 
 namespace {
+// The registry's order of the built-ins (`archs`, `--arch all`, the flags' order in --help). Each is
+// the file data/placements/builtins/ID.toml, compiled in (docs/placement-files.md), unless it has
+// a C++ recipe: the two placements the file format cannot express.
+struct BuiltIn {
+  std::string_view id;
+  Architecture (*recipe)() = nullptr;
+};
+constexpr BuiltIn kBuiltIns[] = {
+    {"post-ln"},
+    {"pre-ln"},
+    {"deepnorm"},
+    {"keel"},
+    {"mix-ln"},
+    {"hybridnorm"},
+    {"hybridnorm-star"},
+    {"resi-dual"},
+    {"siamese-norm"},
+    {"span-norm", archs::span_norm},
+    {"peri-ln"},
+    {"olmo2"},
+    {"admin", archs::admin},
+    {"rezero"},
+    {"layerscale"},
+    {"depth-mup"},
+    {"deepscalelm"},
+    {"ngpt"},
+    {"lns"},
+    {"deepnorm-glm"},
+    {"plain"},
+};
+
+std::string_view built_in_file_text(std::string_view id) {
+  for (const auto& [name, text] : kBuiltInPlacementFiles) {
+    if (name == id) return text;
+  }
+  throw std::logic_error(
+      fmt::format("built-in placement {} has neither a recipe nor a compiled-in file", id));
+}
+
 std::vector<Architecture> built_in_architectures() {
-  // Adding a placement: a file in data/placements/ (docs/placement-files.md); a recipe the file
-  // format cannot express: one file in src/archs/ and one row here.
-  return {
-      archs::post_ln(),
-      archs::pre_ln(),
-      archs::deepnorm(),
-      archs::keel(),
-      archs::mix_ln(),
-      archs::hybridnorm(),
-      archs::hybridnorm_star(),
-      archs::resi_dual(),
-      archs::siamese_norm(),
-      archs::span_norm(),
-      archs::peri_ln(),
-      archs::olmo2(),
-      archs::admin(),
-      archs::rezero(),
-      archs::layerscale(),
-      archs::depth_mup(),
-      archs::deepscalelm(),
-      archs::ngpt(),
-      archs::lns(),
-      archs::deepnorm_glm(),
-      archs::plain(),
-  };
+  // Adding a placement: a file in data/placements/ (docs/placement-files.md); a built-in: a file in
+  // data/placements/builtins/ and one row above; a recipe the file format cannot express: one file in
+  // src/archs/ and one row above.
+  std::vector<Architecture> out;
+  for (const BuiltIn& built_in : kBuiltIns)
+    out.push_back(built_in.recipe ? built_in.recipe()
+                                  : load_built_in_placement(built_in.id, built_in_file_text(built_in.id)));
+  for (const auto& [name, text] : kBuiltInPlacementFiles) {
+    const bool listed = std::any_of(std::begin(kBuiltIns), std::end(kBuiltIns),
+                                    [&](const BuiltIn& b) { return b.id == name; });
+    if (!listed)
+      throw std::logic_error(fmt::format("data/placements/builtins/{}.toml has no row in kBuiltIns", name));
+  }
+  return out;
+}
+
+// One option key is one flag: a second declaration must agree on what the flag accepts and does.
+void check_same_option(const std::deque<Architecture>& table, const Architecture& arch,
+                       const PlacementOption& option) {
+  for (const Architecture& other : table) {
+    for (const PlacementOption& first : other.options) {
+      if (first.key != option.key) continue;
+      const bool same =
+          first.choices == option.choices && first.default_value == option.default_value &&
+          first.default_text == option.default_text && first.range.low == option.range.low &&
+          first.range.high == option.range.high && first.range.low_closed == option.range.low_closed &&
+          first.range.high_closed == option.range.high_closed && first.when_unused == option.when_unused;
+      if (!same)
+        throw InputError(
+            fmt::format("{}: option '{}' is declared differently by '{}' ({}); one key is one flag: declare "
+                        "it the same way",
+                        arch.defined_at, std::string(option.key), std::string(other.id), other.defined_at));
+      return;
+    }
+  }
 }
 
 // Refuses a second definition of an id (or alias), naming both sources.
@@ -58,6 +108,7 @@ void add_unique(std::deque<Architecture>& table, Architecture arch) {
       }
     }
   }
+  for (const PlacementOption& option : arch.options) check_same_option(table, arch, option);
   table.push_back(std::move(arch));
 }
 
@@ -193,70 +244,12 @@ void post_norm(SublayerGraph& g, double skip_weight) {
   g.mark_update(update, sum);
 }
 
-void pre_norm(SublayerGraph& g) {
-  scaled_pre_norm(g, 1.0, 1.0);
-}
-
-void scaled_pre_norm(SublayerGraph& g, double skip_weight, double branch_scale) {
-  const Value x = g.input(0);
-  const Value branch = g.branch(g.norm(x));
-  const Value update = branch_scale == 1.0 ? branch : g.scale(branch, branch_scale);
-  const Value skip = skip_weight == 1.0 ? x : g.scale(x, skip_weight);
-  const Value sum = g.add(skip, update);
-  g.set_outputs({sum});
-  g.mark_update(update, sum);
-}
-
-void hybrid_norm(SublayerGraph& g, SublayerKind kind) {
-  const Value x = g.input(0);
-  if (kind == SublayerKind::attn) {
-    residual_add(g, x, g.branch(x, QkvNorm::per_head_qkv));
-    return;
-  }
-  const Value h = g.norm(x);
-  const Value update = g.branch(h);
-  const Value sum = g.add(h, update);
-  g.set_outputs({sum});
-  g.mark_update(update, sum);
-}
-
-void residual_add(SublayerGraph& g, Value x, Value update) {
-  const Value sum = g.add(x, update);
-  g.set_outputs({sum});
-  g.mark_update(update, sum);
-}
-
-void deepnet_post_norm(Architecture& arch) {
-  arch.options = {skip_weight_option()};
-  arch.build_sublayer = [](SublayerGraph& g, const SublayerContext& ctx) {
-    post_norm(g, constant_value(ctx.constants, "alpha"));
-  };
-  arch.build_output = [](SublayerGraph& g, const SublayerContext&) { identity_output(g); };
-  arch.skip_gain_theory = [](const SublayerContext& ctx) -> std::optional<double> {
-    return post_norm_skip_theory(constant_value(ctx.constants, "alpha"));
-  };
-  arch.init_gain = deepnet_init_gain;
-}
-
-void final_norm(SublayerGraph& g) {
-  g.set_outputs({g.norm(g.input(0))});
-}
-
 void identity_output(SublayerGraph& g) {
   g.set_outputs({g.input(0)});
 }
 
 double post_norm_skip_theory(double skip_weight) {
   return skip_weight / std::sqrt(skip_weight * skip_weight + 1.0);
-}
-
-std::optional<double> identity_skip_theory(const SublayerContext&) {
-  return 1.0;
-}
-
-double deepnet_init_gain(const SublayerContext& ctx, WeightMatrix matrix) {
-  const bool query_or_key = matrix == WeightMatrix::q || matrix == WeightMatrix::k;
-  return query_or_key ? 1.0 : constant_value(ctx.constants, "beta");
 }
 
 }  // namespace recipes

@@ -3,8 +3,12 @@
 // whole_stack.test.cpp), and Hyper-Connections at init against pre-ln.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/errors.hpp"
@@ -118,4 +122,82 @@ TEST_CASE("hc at init: every stream's states are pre-ln's bit for bit and only t
     // N(4x) against N(x): the same up to the norm's epsilon (1e-6 against mean(x^2) ~ 1).
     CHECK((y_hc - y_pre).norm() / y_pre.norm() < 1e-6);
   }
+}
+
+TEST_CASE("a gated FFN's W_3 takes the file's up gain, as it is drawn like W_1") {
+  const ModelConfig config = testing::small_model(4, 16, 2, 4);
+  const Architecture& deepnorm = find_architecture("deepnorm");  // beta on up, 1 on q (DeepNet Fig. 2)
+  const Constants constants = resolve_constants(deepnorm, config);
+  const SublayerContext ffn{config, constants, 1, 0, SublayerKind::ffn};
+  const double beta = std::pow(8.0 * config.blocks, -0.25);
+  CHECK(deepnorm.init_gain(ffn, WeightMatrix::up) == beta);
+  CHECK(deepnorm.init_gain(ffn, WeightMatrix::gate) == beta);
+  CHECK(deepnorm.init_gain(ffn, WeightMatrix::q) == 1.0);
+}
+
+TEST_CASE("an option-bound constant records its formula and unit, and the flag's value when given") {
+  ModelConfig config = testing::small_model(4, 16, 2, 4);
+  const Architecture& keel = find_architecture("keel");
+  Constants constants = resolve_constants(keel, config);
+  REQUIRE(constants.size() == 1);
+  CHECK(constants[0].value == 8.0);  // a = S
+  CHECK(constants[0].formula == "S");
+  CHECK(constants[0].unit == "sublayers");
+  config.options["alpha"] = 1.5;
+  constants = resolve_constants(keel, config);
+  CHECK(constants[0].value == 1.5);
+  CHECK(constants[0].formula == "--alpha");
+  CHECK(constants[0].unit == "sublayers");
+  // The given value reaches the rule: the skip scale of a later sublayer is 1.5.
+  const SublayerGraph g = sublayer_graph(keel, config, 3);
+  const bool scaled = std::any_of(g.nodes().begin(), g.nodes().end(), [](const auto& node) {
+    return node.op == NodeOp::scale && node.factor == 1.5;
+  });
+  CHECK(scaled);
+}
+
+TEST_CASE("a file's constants take the depth unit of the sizes they use, through other constants") {
+  const ModelConfig config = testing::small_model(3, 8, 2, 4);
+  const Architecture arch = load_placement_file(write_placement(
+      "units.toml",
+      kHead + "[constants]\nper_block = \"1/B\"\nper_sublayer = \"sqrt(S)\"\nboth = \"per_block * S\"\n"
+              "none = \"d / heads\"\nstated = { value = \"b + 1\", unit = \"0-based blocks\" }\n"
+              "[[sublayer]]\nrule = \"x <- x + F(N(x))\"\n"));
+  std::map<std::string, std::string> units;
+  for (const Constant& c : resolve_constants(arch, config)) units[c.name] = c.unit;
+  CHECK(units["per_block"] == "blocks");
+  CHECK(units["per_sublayer"] == "sublayers");
+  CHECK(units["both"] == "blocks and sublayers");
+  CHECK(units["none"] == "-");
+  CHECK(units["stated"] == "0-based blocks");
+}
+
+TEST_CASE(
+    "a word option selects the file's entry: keel's --keel-variant v1 makes the first FFN plain pre-ln") {
+  ModelConfig config = testing::small_model(3, 16, 2, 4);
+  const Architecture& keel = find_architecture("keel");
+  const auto outer_norms = [&](int l) {
+    const SublayerGraph g = sublayer_graph(keel, config, l);
+    return std::count_if(g.nodes().begin(), g.nodes().end(),
+                         [](const auto& n) { return n.op == NodeOp::norm; });
+  };
+  CHECK(outer_norms(1) == 2);  // v2 (default): N(x + F(N(x)))
+  config.options["keel_variant"] = std::string("v1");
+  CHECK(outer_norms(1) == 1);  // v1: x + F(N(x))
+  CHECK(outer_norms(2) == 2);  // later sublayers are Keel's in both
+}
+
+TEST_CASE("a number option's range states what a value must do") {
+  NumberRange any;
+  CHECK(any.requirement() == "be finite");
+  CHECK(!any.contains(std::nan("")));
+  CHECK(!any.contains(std::numeric_limits<double>::infinity()));
+  NumberRange positive{0.0, std::numeric_limits<double>::infinity(), false, false};
+  CHECK(positive.requirement() == "be positive and finite");
+  CHECK(!positive.contains(0.0));
+  NumberRange unit{0.0, 1.0, true, true};
+  CHECK(unit.requirement() == "lie in [0, 1]");
+  CHECK(unit.contains(0.0));
+  CHECK(unit.contains(1.0));
+  CHECK(!unit.contains(1.0000001));
 }

@@ -22,8 +22,14 @@ import torch
 import gradflow_reference as R
 
 # [P] "Top-level keys" and the reserved names of "Names"
-TOP_KEYS = {"id", "citation", "expected_growth", "streams", "output", "update_rule", "aliases", "provisional",
-            "unit_norm_weights", "constants", "init_gain", "sublayer"}
+TOP_KEYS = {"id", "citation", "expected_growth", "streams", "output", "update_rule", "final_norm", "aliases",
+            "provisional", "unit_norm_weights", "constants", "options", "init_gain", "sublayer", "requires"}
+# [P] "[options.KEY]" and the inline-table form of a constant ("[constants]")
+OPTION_KEYS = {"help", "default", "default_text", "choices", "range", "fix", "when_unused", "sets", "in_run_config",
+               "in_sweep_model"}
+CONSTANT_KEYS = {"value", "option", "formula", "unit"}
+WHEN_UNUSED = ("warn", "ignore", "refuse")
+REQUIRES_KEYS = {"condition", "message"}  # [P] "`[[requires]]`"
 SUBLAYER_KEYS = {"when", "rule", "qkv_norm", "score_scale", "ffn_hidden_scale", "skip_gain", "update", "sum"}
 RESERVED = set("S B l b d T heads kind block_kind attn ffn attn_ffn N U F sqrt exp log min max floor mod "
                "if and or not".split())
@@ -239,8 +245,10 @@ class Where:
     """The sizes of the run and the sublayer being built (l, b, kind) with the file's named constants,
     evaluated lazily in any order (a cycle is an error) and cached."""
 
-    def __init__(self, placement, sizes, l, b, kind, block_kind):
+    def __init__(self, placement, sizes, l, b, kind, block_kind, options=None):
         self.p, self.sizes, self.l, self.b, self.kind, self.block_kind = placement, sizes, l, b, kind, block_kind
+        # [P] `[options.KEY]`: key -> (value, given with its flag); default: no flag given
+        self.opts = placement.option_values() if options is None else options
         self.cache, self.busy = {}, set()
 
     def constant(self, name):
@@ -248,13 +256,51 @@ class Where:
             if name in self.busy:
                 raise FileError(f"constant '{name}' depends on itself")
             self.busy.add(name)
-            raw = self.p.constants[name]
-            value = float(raw) if isinstance(raw, (int, float)) else self.value(self.p.constant_ast[name])
+            c = self.p.const[name]
+            if c.option is not None and self.opts[c.option][1]:  # [P] `option`: the given value when given
+                value = float(self.opts[c.option][0])
+            elif c.ast is not None:  # else `value`
+                value = self.value(c.ast)
+            elif c.number is not None:
+                value = c.number
+            else:  # else the option's default
+                value = float(self.p.options[c.option].default)
             if not math.isfinite(value):  # a TOML number may be nan or inf
                 raise FileError(f"constant '{name}' is {value}")
             self.cache[name] = value
             self.busy.discard(name)
         return self.cache[name]
+
+    def record(self, name):
+        """[P] `[constants]`: {value, formula, unit} of a named constant as config.constants reports it: the
+        formula is the option's flag when the option was given, else `formula`, else the expression text; the
+        unit is `unit`, else inferred from the names used (a given option's value: "-")."""
+        c = self.p.const[name]
+        given = c.option is not None and self.opts[c.option][1]
+        formula = self.p.options[c.option].flag if given else c.formula if c.formula is not None else c.text
+        unit = c.unit if c.unit is not None else "-" if given else depth_unit(self.depth_names(name, set()))
+        return {"value": self.constant(name), "formula": formula, "unit": unit}
+
+    def depth_names(self, name, seen):
+        """Which of S, B, l, b constant `name` uses in this run, directly or through other constants (a given
+        option's value and an option's default use none)."""
+        c = self.p.const[name]
+        if name in seen or c.ast is None or (c.option is not None and self.opts[c.option][1]):
+            return set()
+        seen.add(name)
+        out = set()
+        for n in names_in(c.ast):
+            if n in ("S", "B", "l", "b"):
+                out.add(n)
+            elif n not in SIZES and n in self.p.const:
+                out |= self.depth_names(n, seen)
+        return out
+
+    def word_option(self, node):
+        """The key of a word option the file declares, when `node` names one, else None."""
+        if node.kind == "name" and node.value in self.p.options and self.p.options[node.value].is_word:
+            return node.value
+        return None
 
     def word(self, node):
         """kind / block_kind / attn / ffn / attn_ffn in a comparison (strings), else None."""
@@ -286,6 +332,9 @@ class Where:
                 return float(self.b)
             if name in self.p.constants:
                 return self.constant(name)
+            opt = self.p.options.get(name)
+            if opt is not None and not opt.is_word and opt.default is not None:  # [P] by its key, with a default
+                return float(self.opts[name][0])
             raise FileError(f"unknown name '{name}' in a constant expression")
         if k == "neg":
             return -self.value(node.args[0])
@@ -320,6 +369,13 @@ class Where:
             return not self.holds(node.args[0])
         if k != "cmp":
             raise FileError(f"expected a condition, found {node!r}")
+        key = self.word_option(node.args[0]) or self.word_option(node.args[1])
+        if key is not None:  # [P] `KEY == WORD`: the given value, else the default; WORD one of its choices
+            other = node.args[1] if self.word_option(node.args[0]) else node.args[0]
+            choices = self.p.options[key].choices
+            if node.op not in ("==", "!=") or other.kind != "name" or other.value not in choices:
+                raise FileError(f"word option '{key}' compares with == or != to one of {choices}: {node!r}")
+            return (self.opts[key][0] == other.value) == (node.op == "==")
         lw, rw = self.word(node.args[0]), self.word(node.args[1])
         if lw is not None or rw is not None:
             if lw is None or rw is None or node.op not in ("==", "!="):
@@ -344,6 +400,144 @@ def _arith(op, a, c):
         return math.nan
 
 
+def names_in(node):
+    """Every name a syntax tree mentions (conditions of if() included)."""
+    out = [node.value] if node.kind == "name" else []
+    for a in node.args:
+        out += names_in(a)
+    return out
+
+
+def depth_unit(names):
+    """[P] the inferred unit: "blocks" (B or b), "sublayers" (S or l), "blocks and sublayers", or "-"."""
+    blocks, sublayers = bool(names & {"B", "b"}), bool(names & {"S", "l"})
+    return ("blocks and sublayers" if blocks and sublayers else "blocks" if blocks
+            else "sublayers" if sublayers else "-")
+
+
+def number_text(v):
+    """The text of a TOML number as recorded for a formula (an integer without a decimal point)."""
+    return str(v) if isinstance(v, int) else repr(float(v))
+
+
+_BOUND = r"\s*([+-]?(?:inf|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?))\s*"
+_RANGE = re.compile(r"^\s*([\[(])" + _BOUND + "," + _BOUND + r"([\])])\s*$")
+
+
+def parse_range(text):
+    """[P] `range`: "[a, b]", "(a, b)" or mixed, with inf / -inf -> (low, low_closed, high, high_closed)."""
+    m = _RANGE.match(text) if isinstance(text, str) else None
+    if not m:
+        raise FileError(f"range {text!r} is not \"[a, b]\", \"(a, b)\" or mixed (with inf / -inf)")
+    lo, hi = float(m.group(2)), float(m.group(3))
+    lo_closed, hi_closed = m.group(1) == "[", m.group(4) == "]"
+    if not (lo < hi or (lo == hi and lo_closed and hi_closed and math.isfinite(lo))):
+        raise FileError(f"range {text!r} is empty")
+    return lo, lo_closed, hi, hi_closed
+
+
+class Option:
+    """One `[options.KEY]` table ([P] "[options.KEY]: settings with their own flags")."""
+
+    def __init__(self, key, raw, source):
+        where = f"{source}: [options.{key}]"
+        if not isinstance(raw, dict):
+            raise FileError(f"{where} is not a table")
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", key) or key in RESERVED:
+            raise FileError(f"{where}: the key is not an identifier of lower case letters, digits and _ "
+                            "(or is reserved)")
+        unknown = set(raw) - OPTION_KEYS
+        if unknown:
+            raise FileError(f"{where}: unknown key(s) {sorted(unknown)}")
+        self.key, self.flag = key, "--" + key.replace("_", "-")
+        for name in ("help", "default_text", "range", "fix", "when_unused", "sets"):
+            if name in raw and not isinstance(raw[name], str):
+                raise FileError(f"{where}: `{name}` must be a string")
+        for name in ("in_run_config", "in_sweep_model"):
+            if name in raw and not isinstance(raw[name], bool):
+                raise FileError(f"{where}: `{name}` must be a boolean")
+        if "help" not in raw:
+            raise FileError(f"{where}: `help` is required")
+        self.when_unused = raw.get("when_unused", "warn")
+        if self.when_unused not in WHEN_UNUSED:
+            raise FileError(f"{where}: when_unused {self.when_unused!r} is not one of {WHEN_UNUSED}")
+        self.in_run_config, self.in_sweep_model = raw.get("in_run_config", False), raw.get("in_sweep_model", False)
+        default = raw.get("default")
+        if default is not None and (isinstance(default, bool) or not isinstance(default, (int, float, str))):
+            raise FileError(f"{where}: `default` must be a number or a string")
+        self.is_word = isinstance(default, str)
+        self.default, self.default_text = default, raw.get("default_text")
+        if self.is_word:  # a word option: choices required, the default one of them, no range
+            choices = raw.get("choices")
+            if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices) \
+                    or len(set(choices)) != len(choices):
+                raise FileError(f"{where}: a word option needs `choices`, distinct strings")
+            if default not in choices:
+                raise FileError(f"{where}: default {default!r} is not one of its choices {choices}")
+            if "range" in raw or "default_text" in raw:
+                raise FileError(f"{where}: `range` and `default_text` are for number options")
+            self.choices, self.range = list(choices), None
+        else:
+            if "choices" in raw:
+                raise FileError(f"{where}: `choices` needs a word (string) `default`")
+            self.choices = None
+            self.range = parse_range(raw.get("range", "(-inf, inf)"))
+            if default is not None:
+                self.default = float(default)
+                if not self.contains(self.default):
+                    raise FileError(f"{where}: default {default!r} is outside its range {raw.get('range')!r}")
+
+    def contains(self, v):
+        lo, lo_closed, hi, hi_closed = self.range
+        return math.isfinite(v) and (lo <= v if lo_closed else lo < v) and (v <= hi if hi_closed else v < hi)
+
+    def check(self, value):
+        """A value given with the flag ([P]: outside `range` or `choices` is refused; NaN always)."""
+        if self.is_word:
+            if value not in self.choices:
+                raise FileError(f"{self.flag} {value!r} is not one of {self.choices}")
+            return value
+        v = float(value)
+        if not self.contains(v):
+            raise FileError(f"{self.flag} {value!r} is outside its range {self.range}")
+        return v
+
+
+class Constant:
+    """One named constant: a string (an expression), a TOML number, or the inline table of [P] `[constants]`."""
+
+    def __init__(self, name, raw, placement):
+        where = f"{placement.source}: constant '{name}'"
+        self.option = self.formula = self.unit = None
+        if isinstance(raw, dict):
+            unknown = set(raw) - CONSTANT_KEYS
+            if unknown:
+                raise FileError(f"{where}: unknown key(s) {sorted(unknown)}")
+            for key in ("option", "formula", "unit"):
+                if key in raw and not isinstance(raw[key], str):
+                    raise FileError(f"{where}: `{key}` must be a string")
+            self.option, self.formula, self.unit = raw.get("option"), raw.get("formula"), raw.get("unit")
+            if self.option is not None:
+                opt = placement.options.get(self.option)
+                if opt is None or opt.is_word:
+                    raise FileError(f"{where}: option {self.option!r} is not a number option the file declares")
+            if "value" not in raw:
+                if self.option is None or placement.options[self.option].default is None:
+                    raise FileError(f"{where}: `value` may be left out only for a number option with a default")
+                raw = None
+            else:
+                raw = raw["value"]
+        if raw is None:
+            self.ast, self.number = None, None
+            self.text = number_text(placement.options[self.option].default)
+        elif isinstance(raw, str):
+            self.ast, self.number, self.text = parse_expr(raw), None, raw
+        elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            self.ast, self.number, self.text = None, float(raw), number_text(raw)
+        else:
+            raise FileError(f"{where}: a constant is a string, a number or an inline table")
+
+
 # ----------------------------------------------------------------------------------------------
 # The file
 # ----------------------------------------------------------------------------------------------
@@ -364,13 +558,94 @@ class PlacementFile:
                 raise FileError(f"{source}: missing '{key}'")
         self.id = doc["id"]
         self.streams = list(doc.get("streams", ["x"]))
+        if not isinstance(doc.get("final_norm", ""), str):
+            raise FileError(f"{source}: final_norm must be a string")
+        self.final_norm = doc.get("final_norm", doc["output"])  # [P] display only; default: the output text
+        options = doc.get("options", {})
+        if not isinstance(options, dict):
+            raise FileError(f"{source}: options must be [options.KEY] tables")
+        self.options = {k: Option(k, v, source) for k, v in options.items()}
         self.constants = dict(doc.get("constants", {}))
-        self.constant_ast = {n: parse_expr(v) for n, v in self.constants.items() if isinstance(v, str)}
+        self.const = {n: Constant(n, v, self) for n, v in self.constants.items()}
+        self.constant_ast = {n: c.ast for n, c in self.const.items() if c.ast is not None}
         self.init_gain = {k: parse_expr(v) if isinstance(v, str) else Node("num", value=float(v))
                           for k, v in doc.get("init_gain", {}).items()}
         self._check_names()
         self.output = parse_expr(doc["output"])
         self.entries = [Entry(e, self) for e in doc["sublayer"]]
+        self.requires = self._read_requires(doc.get("requires", []))
+        self._check_constant_names()
+
+    def _read_requires(self, raw):
+        """[P] `[[requires]]`: (condition, message) per entry; both keys required, no other key, the condition
+        a condition ([P] "Conditions"), the message a string."""
+        if not isinstance(raw, list) or not all(isinstance(r, dict) for r in raw):
+            raise FileError(f"{self.source}: requires must be [[requires]] tables")
+        out = []
+        for i, r in enumerate(raw):
+            where = f"{self.source}: [[requires]] entry {i + 1}"
+            unknown = set(r) - REQUIRES_KEYS
+            if unknown:
+                raise FileError(f"{where}: unknown key(s) {sorted(unknown)}")
+            for key in ("condition", "message"):
+                if key not in r:
+                    raise FileError(f"{where}: missing '{key}'")
+                if not isinstance(r[key], str):
+                    raise FileError(f"{where}: `{key}` must be a string")
+            try:
+                cond = parse_cond(r["condition"])
+            except FileError as e:
+                raise FileError(f"{where}: condition {r['condition']!r} is not a condition ({e})")
+            out.append((cond, r["message"]))
+        return out
+
+    def check_requires(self, where):
+        """[P] `[[requires]]`: every condition, at the last sublayer with the run's sizes and options, must hold;
+        else `--arch ID at S = ..., B = ...: MESSAGE`. Called before any constant is evaluated for the stack
+        (a constant the condition itself names is evaluated by it)."""
+        for cond, message in self.requires:
+            if not where.holds(cond):
+                raise FileError(f"--arch {self.id} at S = {where.sizes['S']}, B = {where.sizes['B']}: {message}")
+
+    def option_values(self, given=None):
+        """key -> (value, given): `given` (key -> value) are the flags given; the others take their default."""
+        given = {k: v for k, v in (given or {}).items() if v is not None and k in self.options}
+        return {k: ((o.check(given[k]), True) if k in given else (o.default, False)) for k, o in self.options.items()}
+
+    def _check_constant_names(self):
+        """Names in constant expressions and conditions (constants, init gains, `when`, skip_gain, score_scale,
+        ffn_hidden_scale) are known ([P]): sizes, l, b, constants, number options with a default; a word
+        option only as `KEY == WORD` with WORD one of its choices."""
+        known = set(SIZES) | {"l", "b"} | set(self.constants) | \
+            {k for k, o in self.options.items() if not o.is_word and o.default is not None}
+
+        def walk(node):
+            if node.kind == "cmp":
+                a, c = node.args
+                for key_side, other in ((a, c), (c, a)):
+                    opt = self.options.get(key_side.value) if key_side.kind == "name" else None
+                    if opt is not None and opt.is_word:
+                        if node.op not in ("==", "!=") or other.kind != "name" or other.value not in opt.choices:
+                            raise FileError(f"{self.source}: word option '{opt.key}' compares with == or != "
+                                            f"to one of {opt.choices}: {node!r}")
+                        return
+                words = {"kind", "block_kind"} | set(KIND_WORDS)
+                if (a.kind == "name" and a.value in words) or (c.kind == "name" and c.value in words):
+                    return  # kind / block_kind, checked when evaluated
+            if node.kind == "name" and node.value not in known:
+                opt = self.options.get(node.value)
+                why = ("a word option is used only in conditions" if opt is not None and opt.is_word else
+                       "a number option without a default" if opt is not None else "unknown name")
+                raise FileError(f"{self.source}: {why}: '{node.value}'")
+            for x in node.args:
+                walk(x)
+
+        trees = list(self.constant_ast.values()) + list(self.init_gain.values())
+        for e in self.entries:
+            trees += [t for t in (e.when, e.score_scale, e.ffn_hidden_scale, e.skip_gain) if t is not None]
+        trees += [cond for cond, _ in self.requires]
+        for t in trees:
+            walk(t)
 
     def _check_names(self):
         """[P] Names: identifiers, not reserved, no two alike; a stream may take a size's name (ResiDual's `d`)
@@ -382,6 +657,11 @@ class PlacementFile:
                 raise FileError(f"{self.source}: '{n}' is not a usable name (reserved or not an identifier)")
         if len(set(names)) != len(names):
             raise FileError(f"{self.source}: a stream and a constant share a name: {names}")
+        # a word option's key is a word in conditions: not also a stream or a constant (a number option's key
+        # may be a constant's name, e.g. mix-ln's mix_ratio bound to the option; the constant is meant then)
+        clash = sorted(k for k, o in self.options.items() if o.is_word and k in names)
+        if clash:
+            raise FileError(f"{self.source}: word option(s) {clash} share a name with a stream or a constant")
 
     def entry_for(self, where):
         """[P]: the first [[sublayer]] entry, in file order, whose `when` holds."""
@@ -446,8 +726,13 @@ class FileStack:
     """Same interface as gradflow_reference.Stack (init_state, sublayer, output, forward, streams, kinds, S),
     so gradflow_reference.analyze() computes the figures."""
 
-    def __init__(self, placement, weights, heads, block, norm, d, T, branch="model", sublayers=None, ops=None):
+    def __init__(self, placement, weights, heads, block, norm, d, T, branch="model", sublayers=None, ops=None,
+                 options=None):
         self.p, self.W, self.heads, self.block, self.branch = placement, weights, heads, block, branch
+        # [P] `[options.KEY]`: key -> (value, given); `options` may be key -> value of the flags given
+        if options is None or not all(isinstance(v, tuple) for v in options.values()):
+            options = placement.option_values(options)
+        self.options = options
         # issue 19's block ops, as gradflow_reference.Stack takes them (R.block_ops of the export's config)
         self.ops = dict({"ffn": "gelu", "kv_heads": None, "rope": None, "eps": R.EPS}, **(ops or {}))
         self.N = lambda x, _n=R.NORMS[norm], _eps=self.ops["eps"]: _n(x, _eps)  # [P] N: --norm, --norm-eps
@@ -461,10 +746,11 @@ class FileStack:
         self.streams = list(placement.streams)
         self.admin_w = None
         self.where = [self._where(l) for l in range(self.S)]
+        placement.check_requires(self._where(self.S - 1))  # [P] before the constants; a fresh cache
         self.entries = [placement.entry_for(w) for w in self.where]  # every sublayer checked before any work
 
     def _where(self, l):
-        return Where(self.p, self.sizes, l, l // self.per_block, self.kinds[l], self.block)
+        return Where(self.p, self.sizes, l, l // self.per_block, self.kinds[l], self.block, self.options)
 
     def block_of(self, l):
         return l // self.per_block
@@ -473,6 +759,11 @@ class FileStack:
         """[P] `[constants]`: config.constants reports each named constant at l = S-1, b = B-1, its kind."""
         last = self.where[-1]
         return {name: last.constant(name) for name in self.p.constants}
+
+    def constant_records_at_last_sublayer(self):
+        """[P] `[constants]`: {name: {value, formula, unit}} as config.constants reports them."""
+        last = self.where[-1]
+        return {name: last.record(name) for name in self.p.constants}
 
     def skip_gain_theory(self):
         return [w.value(e.skip_gain) if e.skip_gain is not None else None for w, e in zip(self.where, self.entries)]
@@ -643,16 +934,49 @@ def build_from_export(placement, path, overrides=None):
         weights = [{} for _ in range(S)]
     heads = int(ov.get("heads", cfg.get("heads", 1)))
     ops = R.block_ops({**cfg, **{k: ov[k] for k in R.OPS_KEYS if k in ov}}, heads, d)
+    options, onotes = options_of_run(placement, cfg, ov)
+    notes += onotes
     stack = FileStack(placement, weights, heads, ov.get("block", cfg.get("block", "attn-ffn")),
-                      ov.get("norm", cfg.get("norm", "rms")), d, T, branch, S, ops)
+                      ov.get("norm", cfg.get("norm", "rms")), d, T, branch, S, ops, options)
     return stack, x0, probes, cfg, notes
+
+
+def options_of_run(placement, cfg, ov):
+    """(key -> (value, given), notes): the values of the file's `[options.KEY]` in the run. In order:
+    1. `ov[KEY]` (the caller's overrides, e.g. {"alpha": 2, "keel_variant": "v1"}): given with the flag;
+    2. the run's config.constants record of a constant bound to the option whose formula is the option's flag
+       ([P]: the formula is "--alpha" when the option was given): given, with the recorded value;
+    3. config[KEY] (an option with in_run_config): the value the run used, counted as given when it differs
+       from the default;
+    4. otherwise not given: the option's default.
+    compare.py's file_reference passes no option flags, so for it 2 and 3 are where a run's options come from
+    (the value of an option-bound constant is then gradflow's own; what depends on it is still recomputed)."""
+    jc = cfg.get("constants") or {}
+    given, notes = {}, []
+    for key, opt in placement.options.items():
+        if ov.get(key) is not None:
+            given[key] = ov[key]
+            continue
+        bound = [n for n, c in placement.const.items() if c.option == key]
+        rec = next((jc[n] for n in bound if isinstance(jc.get(n), dict) and jc[n].get("formula") == opt.flag), None)
+        if rec is not None and R._num(rec.get("value")) is not None:
+            given[key] = R._num(rec["value"])
+            notes.append(f"option {key} = {given[key]!r} read from the run's config.constants (formula {opt.flag})")
+        elif cfg.get(key) is not None:
+            val = cfg[key] if opt.is_word else R._num(cfg[key])
+            if val is not None and val != opt.default:
+                given[key] = val
+                notes.append(f"option {key} = {val!r} read from the run's config.{key}")
+    return placement.option_values(given), notes
 
 
 def run_reference(placement, path, overrides=None):
     stack, x0, probes, cfg, notes = build_from_export(placement, path, overrides)
     res = R.analyze(stack, x0, probes)
     res["sublayers"]["skip_gain_theory"] = stack.skip_gain_theory()
-    res.update({"arch": placement.id, "constants": stack.constants_at_last_sublayer(), "notes": notes})
+    res.update({"arch": placement.id, "constants": stack.constants_at_last_sublayer(),
+                "constant_records": stack.constant_records_at_last_sublayer(),
+                "options": {k: v for k, (v, _) in stack.options.items()}, "notes": notes})
     return res
 
 

@@ -152,30 +152,43 @@ def built_ins_as_files_take_the_new_block_ops():
     print(f"     built-ins as files with issue 19's ops vs hand-written reference: worst {worst:.1e}")
 
 
+# option flags given to shipped files that declare them, with the hand-written reference's own overrides
+GIVEN_OPTIONS = {"alpha": 1.7, "keel_variant": "v1", "mix_ratio": 0.5}
+
+
 @test
 def shipped_files_read_and_restate_their_built_ins():
-    """Every data/placements/**/*.toml is read by the interpreter and runs; one whose id is a built-in's (or
-    `<built-in>-file`) reproduces the hand-written formulas, q/k/v norms as [P] states them."""
+    """Every data/placements/**/*.toml is read by the interpreter and runs; one whose id is a built-in's (the id
+    itself, e.g. "keel", or the older `<built-in>-file`, e.g. "keel-file") reproduces the hand-written formulas,
+    q/k/v norms as [P] states them, at the options' defaults and with the flags of GIVEN_OPTIONS it declares.
+    Every file in data/placements/builtins/ must restate a built-in."""
     import compare as C
     repo = os.path.dirname(os.path.dirname(HERE))
     paths = sorted(glob.glob(os.path.join(repo, "data", "placements", "**", "*.toml"), recursive=True))
-    worst, restated = 0.0, []
+    worst, restated, with_flags = 0.0, [], 0
     for path in paths:
         p = PF.load(path)
         built_in = C.hand_written(p.id)
-        for block, norm in (("attn-ffn", "rms"), ("ffn", "layer"), ("attn", "dyt")):
-            export = T.make_export(built_in or "post-ln", B=4, block=block, norm=norm,
-                                   name=f"shipped_{p.id}_{block}.st")
-            mine = PF.run_reference(p, export)
-            if built_in:
-                stack, x0, probes, *_ = R.build_from_export(export, overrides={"arch": built_in})
-                try:
-                    worst = max(worst, figures_equal(R.analyze(stack, x0, probes), mine))
-                except AssertionError as e:
-                    raise AssertionError(f"{path} ({block}, {norm}) is not {built_in}: {e}")
+        if os.path.basename(os.path.dirname(path)) == "builtins":
+            plain_id = p.id[:-len("-file")] if p.id.endswith("-file") else p.id
+            assert built_in is not None and built_in == R.ALIASES.get(plain_id, plain_id), (path, p.id, built_in)
+        given = {k: v for k, v in GIVEN_OPTIONS.items() if k in p.options}
+        for flags in ([{}, given] if given and built_in else [{}]):
+            for block, norm in (("attn-ffn", "rms"), ("ffn", "layer"), ("attn", "dyt")):
+                export = T.make_export(built_in or "post-ln", B=4, block=block, norm=norm,
+                                       name=f"shipped_{p.id}_{block}.st")
+                mine = PF.run_reference(p, export, flags)
+                if built_in:
+                    stack, x0, probes, *_ = R.build_from_export(export, overrides=dict(flags, arch=built_in))
+                    try:
+                        worst = max(worst, figures_equal(R.analyze(stack, x0, probes), mine))
+                    except AssertionError as e:
+                        raise AssertionError(f"{path} ({block}, {norm}, flags {flags}) is not {built_in}: {e}")
+            with_flags += bool(flags)
         if built_in:
             restated.append(p.id)
-    print(f"     {len(paths)} shipped files; {len(restated)} restate a built-in, worst difference {worst:.1e}")
+    print(f"     {len(paths)} shipped files; {len(restated)} restate a built-in ({with_flags} also with option "
+          f"flags given), worst difference {worst:.1e}")
 
 
 @test
@@ -282,6 +295,177 @@ def constants_at_the_last_sublayer_and_hash():
     assert st.constants_at_last_sublayer() == {"c": math.sqrt(6.0), "k": math.sqrt(6.0) * 2}
     assert st.skip_gain_theory() == [1 / (math.sqrt(2.0 * (l // 2 + 1)) * 2) for l in range(6)]
     assert PF.fnv1a64(b"") == "fnv1a64:cbf29ce484222325" and PF.fnv1a64(b"a") == "fnv1a64:af63dc4c8601ec8c"
+
+
+OPTS = ('[options.ratio]\nhelp = "r"\ndefault = 0.25\nrange = "[0, 1]"\n'
+        '[options.alpha]\nhelp = "a"\ndefault_text = "paper\'s constant"\nrange = "(0, inf)"\n'
+        '[options.variant]\nhelp = "v"\ndefault = "v2"\nchoices = ["v1", "v2"]\nin_run_config = true\n')
+
+
+def rotation_stack(p, options=None, B=3):
+    return PF.FileStack(p, [{}] * (2 * B), 2, "attn-ffn", "rms", 16, 5, branch="rotation", sublayers=2 * B,
+                        options=options)
+
+
+@test
+def option_bound_constants_given_and_default():
+    """[P] `[constants]` inline table with `option`: the given value when the flag is given, else `value`, else
+    the option's default; the formula is the flag when given, else `formula`, else the expression text; a
+    number option with a default is usable by its key; final_norm is read (display only)."""
+    p = placement('output = "x"\nfinal_norm = "none"\n' + OPTS + '[constants]\n'
+                  'alpha = { value = "(2*B)^(1/4)", option = "alpha", formula = "(2B)^(1/4)" }\n'
+                  'r = { option = "ratio", unit = "fraction of blocks" }\n'
+                  'post = "floor(ratio*B)"\n'
+                  '[[sublayer]]\nrule = "x <- N(alpha*x + F(x))"\n')
+    assert p.final_norm == "none" and placement(BUILT_INS["pre-ln"]).final_norm == "N(x)"
+    recs = rotation_stack(p).constant_records_at_last_sublayer()
+    assert recs == {"alpha": {"value": math.pow(6.0, 0.25), "formula": "(2B)^(1/4)", "unit": "blocks"},
+                    "r": {"value": 0.25, "formula": "0.25", "unit": "fraction of blocks"},
+                    "post": {"value": 0.0, "formula": "floor(ratio*B)", "unit": "blocks"}}, recs
+    st = rotation_stack(p, {"alpha": 2.5, "ratio": 0.5})
+    recs = st.constant_records_at_last_sublayer()
+    assert recs["alpha"] == {"value": 2.5, "formula": "--alpha", "unit": "-"}, recs
+    assert recs["r"] == {"value": 0.5, "formula": "--ratio", "unit": "fraction of blocks"}, recs
+    assert recs["post"]["value"] == 1.0 and st.constants_at_last_sublayer()["alpha"] == 2.5
+    for bad in ({"alpha": 0.0}, {"ratio": 1.5}, {"ratio": math.nan}, {"variant": "v3"}):
+        try:
+            rotation_stack(p, bad)
+        except PF.FileError:
+            continue
+        raise AssertionError(f"{bad} was accepted")
+    # through an export: the flag from the caller, or from the run's config.constants record "--alpha"
+    path = T.make_export("deepnorm", B=3, name="pf_opt_deepnorm.st",
+                         constants={"alpha": {"value": 3.0, "formula": "--alpha", "unit": "-"}})
+    assert PF.run_reference(p, path)["constants"]["alpha"] == 3.0
+    assert PF.run_reference(p, path, {"alpha": 1.5})["constant_records"]["alpha"]["formula"] == "--alpha"
+    path = T.make_export("deepnorm", B=3, name="pf_opt_deepnorm2.st", constants={
+        "alpha": {"value": math.pow(6.0, 0.25), "formula": "(2B)^(1/4)", "unit": "blocks"}})
+    assert PF.run_reference(p, path)["constants"]["alpha"] == math.pow(6.0, 0.25)
+
+
+@test
+def word_option_conditions_select_entries():
+    """[P] `KEY == WORD` (and !=): the given value, else the default; the run's config.KEY (in_run_config)."""
+    body = ('output = "x"\n' + OPTS +
+            '[[sublayer]]\nwhen = "variant == v1 and l == 0"\nrule = "x <- x + F(x)"\nskip_gain = "1"\n'
+            '[[sublayer]]\nwhen = "v2 != variant"\nrule = "x <- x + F(x)"\nskip_gain = "2"\n'
+            '[[sublayer]]\nrule = "x <- x + F(x)"\nskip_gain = "if(variant == v2, 4, 3)"\n')
+    p = placement(body)
+    assert rotation_stack(p).skip_gain_theory() == [4.0] * 6
+    assert rotation_stack(p, {"variant": "v1"}).skip_gain_theory() == [1.0] + [2.0] * 5
+    path = T.make_export("post-ln", B=2, name="pf_opt_variant.st", extra={"variant": "v1"})
+    assert PF.run_reference(p, path)["sublayers"]["skip_gain_theory"] == [1.0, 2.0, 2.0, 2.0]
+    assert PF.run_reference(p, path, {"variant": "v2"})["sublayers"]["skip_gain_theory"] == [4.0] * 4
+
+
+@test
+def unit_inference():
+    """[P]: unit "blocks" (B or b), "sublayers" (S or l), "blocks and sublayers", "-", directly or through other
+    constants; `unit` when stated."""
+    p = placement('output = "x"\n[constants]\nk = "(2*B)^(1/4)"\nm = "sqrt(l + 1)"\nn = "k * S"\nz = "d/heads"\n'
+                  'q = 0.5\nr = "m + 1"\ns = "if(b < 1, 1, 2)"\nu = { value = "S", unit = "blocks" }\n'
+                  '[[sublayer]]\nrule = "x <- x + F(x)"\n')
+    got = {n: r["unit"] for n, r in rotation_stack(p).constant_records_at_last_sublayer().items()}
+    assert got == {"k": "blocks", "m": "sublayers", "n": "blocks and sublayers", "z": "-", "q": "-",
+                   "r": "sublayers", "s": "blocks", "u": "blocks"}, got
+    formulas = {n: r["formula"] for n, r in rotation_stack(p).constant_records_at_last_sublayer().items()}
+    assert formulas["q"] == "0.5" and formulas["k"] == "(2*B)^(1/4)", formulas
+
+
+@test
+def malformed_option_tables_are_refused():
+    rule = '[[sublayer]]\nrule = "x <- x + F(x)"\n'
+    bad = {
+        "word default not in choices": '[options.v]\nhelp = "v"\ndefault = "v3"\nchoices = ["v1", "v2"]\n',
+        "word option without choices": '[options.v]\nhelp = "v"\ndefault = "v1"\n',
+        "range not parseable": '[options.r]\nhelp = "r"\ndefault = 0.5\nrange = "0 to 1"\n',
+        "range with nan": '[options.r]\nhelp = "r"\ndefault = 0.5\nrange = "[nan, 1]"\n',
+        "empty range": '[options.r]\nhelp = "r"\ndefault = 0.5\nrange = "(1, 0)"\n',
+        "default outside range": '[options.r]\nhelp = "r"\ndefault = 2\nrange = "[0, 1]"\n',
+        "default on an open bound": '[options.r]\nhelp = "r"\ndefault = 0\nrange = "(0, inf)"\n',
+        "unknown option key": '[options.r]\nhelp = "r"\ndefault = 0.5\ncolour = "red"\n',
+        "no help": '[options.r]\ndefault = 0.5\n',
+        "bad when_unused": '[options.r]\nhelp = "r"\ndefault = 0.5\nwhen_unused = "shout"\n',
+        "range on a word option": '[options.v]\nhelp = "v"\ndefault = "a"\nchoices = ["a"]\nrange = "[0, 1]"\n',
+        "choices on a number option": '[options.r]\nhelp = "r"\ndefault = 1\nchoices = ["a"]\n',
+        "key not lower case": '[options.Mix]\nhelp = "r"\ndefault = 1\n',
+        "reserved key": '[options.heads]\nhelp = "r"\ndefault = 1\n',
+        "constant: unknown key": '[constants]\na = { value = "S", colour = "red" }\n',
+        "constant: undeclared option": '[constants]\na = { value = "S", option = "alpha" }\n',
+        "constant: word option": ('[options.v]\nhelp = "v"\ndefault = "a"\nchoices = ["a", "b"]\n'
+                                  '[constants]\na = { value = "S", option = "v" }\n'),
+        "constant: no value, no default": ('[options.a]\nhelp = "a"\ndefault_text = "paper"\n'
+                                           '[constants]\nk = { option = "a" }\n'),
+        "number option without default by key": '[options.a]\nhelp = "a"\n[constants]\nk = "a * 2"\n',
+        "word option in an expression": ('[options.v]\nhelp = "v"\ndefault = "a"\nchoices = ["a", "b"]\n'
+                                         '[constants]\nk = "v * 2"\n'),
+        "final_norm not a string": 'final_norm = true\n',
+    }
+    conds = {
+        "condition comparing an undeclared option": "variant == v1",
+        "word not in choices": "v == c",
+        "word option with <": "v < a",
+    }
+    word = '[options.v]\nhelp = "v"\ndefault = "a"\nchoices = ["a", "b"]\n'
+    cases = {k: 'output = "x"\n' + v + rule for k, v in bad.items()}
+    cases.update({k: 'output = "x"\n' + word + f'[[sublayer]]\nwhen = "{c}"\nrule = "x <- x + F(x)"\n'
+                  f'[[sublayer]]\nrule = "x <- x + F(x)"\n' for k, c in conds.items()})
+    for why, body in cases.items():
+        try:
+            placement(body)
+        except PF.FileError as e:
+            assert "missing" not in str(e), (why, e)  # refused for its own reason
+            continue
+        raise AssertionError(f"{why}: accepted")
+    placement('output = "x"\n' + word + '[options.r]\nhelp = "r"\ndefault = 1\nrange = "[0, inf)"\n' + rule)  # a good one reads
+
+
+REQ = ('output = "N(x)"\n[constants]\nbeta = "sqrt(2/S)"\nlam = "sqrt(1 - beta^2)"\n'
+       '[[requires]]\ncondition = "S >= 2 and B >= 1"\nmessage = "needs at least 2 sublayers; try --depth 2"\n'
+       '[[sublayer]]\nwhen = "lam >= 0"\nrule = "x <- lam*x + beta*F(N(x))"\n')
+
+
+def ffn_stack(p, S):
+    return PF.FileStack(p, [{}] * S, 2, "ffn", "rms", 16, 5, branch="rotation", sublayers=S)
+
+
+@test
+def requires_hold_or_stop_the_run():
+    """[P] `[[requires]]`: a condition at the last sublayer with the run's sizes; when it does not hold the run
+    stops with `--arch ID at S = ..., B = ...: MESSAGE`, checked before the constants (here lam would be NaN);
+    a missing or unknown key, or a condition that is not a condition, is refused when the file is read."""
+    p = placement(REQ, "req")
+    assert len(p.requires) == 1
+    st = ffn_stack(p, 2)  # S = 2: holds
+    assert st.constants_at_last_sublayer() == {"beta": 1.0, "lam": 0.0}
+    try:
+        ffn_stack(p, 1)
+    except PF.FileError as e:
+        assert str(e) == "--arch req at S = 1, B = 1: needs at least 2 sublayers; try --depth 2", str(e)
+    else:
+        raise AssertionError("S = 1 passed the requirement S >= 2")
+    shipped = PF.load(os.path.join(HERE, "..", "..", "data", "placements", "builtins", "deepscalelm.toml"))
+    assert len(shipped.requires) == 1
+    try:
+        ffn_stack(shipped, 1)
+    except PF.FileError as e:
+        assert "--arch deepscalelm at S = 1, B = 1: deepscalelm needs at least 2 sublayers" in str(e), str(e)
+    else:
+        raise AssertionError("deepscalelm.toml took S = 1")
+    req = '[[requires]]\ncondition = "S >= 2"\nmessage = "m"\n'
+    for bad, why in ((req.replace('message = "m"\n', ''), "missing 'message'"),
+                     (req.replace('condition = "S >= 2"\n', ''), "missing 'condition'"),
+                     (req + 'hint = "h"\n', "unknown key"),
+                     (req.replace('"S >= 2"', '"S + 2"'), "is not a condition"),
+                     (req.replace('"S >= 2"', '"S >>= 2"'), "is not a condition"),
+                     (req.replace('"S >= 2"', '2'), "must be a string"),
+                     (req.replace('"S >= 2"', '"Q >= 2"'), "unknown name")):
+        try:
+            placement(BUILT_INS["pre-ln"] + bad, "bad")
+        except PF.FileError as e:
+            assert why in str(e), (why, str(e))
+            continue
+        raise AssertionError(f"accepted: {bad!r}")
 
 
 def write_file(name, pid, body):
