@@ -11,6 +11,12 @@
 namespace gradflow::cli {
 
 namespace {
+// "path:line:column" -> "path".
+std::string_view file_of(std::string_view defined_at) {
+  for (int part = 0; part < 2; ++part) defined_at = defined_at.substr(0, defined_at.rfind(':'));
+  return defined_at;
+}
+
 struct ArchsOptions {
   std::string arch;
   int depth = 64;
@@ -101,6 +107,8 @@ int run_archs(const ArchsOptions& options) {
           arch->expected_growth, arch->citation);
       if (arch->provisional) fmt::print("  provisional: {}\n", arch->provisional_note);
       if (arch->source != "built-in") fmt::print("  file:        {} ({})\n", arch->source, arch->file_hash);
+      if (arch->source == "built-in" && !arch->defined_at.empty())  // a built-in's own file, compiled in
+        fmt::print("  file:        {} (compiled in)\n", file_of(arch->defined_at));
       if (!arch->options.empty()) fmt::print("  options:     {}\n", options_text(*arch));
       print_closed_forms(*arch, config);
       fmt::print("\n");

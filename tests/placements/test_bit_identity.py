@@ -64,6 +64,9 @@ def main():
             if built_in not in built_ins:
                 failures.append(f"{built_in}: data/placements/builtins/{built_in}.toml is not a built-in of `gradflow archs`")
                 continue
+            detail = subprocess.run([BINARY, "archs", "--arch", built_in], capture_output=True, text=True).stdout
+            if f"data/placements/builtins/{built_in}.toml (compiled in)" not in detail:
+                failures.append(f"{built_in}: `gradflow archs --arch {built_in}` does not name its file")
             copy = as_copy(path, copies)
             for block in ["attn-ffn", "ffn", "attn"]:
                 for norm in ["rms", "layer"]:
