@@ -62,6 +62,7 @@ struct PlacementOption {
   std::vector<std::string_view> choices;  // the values of a word option; empty: a number option
   NumberRange range;                      // a number option's allowed values
   std::string_view fix;                   // the advice ending the error for a value outside range or choices
+  std::string_view defined_at;            // its [options.KEY] table's "path:line:column", for errors
   UnusedOption when_unused = UnusedOption::warn;
   std::string_view sets;  // what it sets, for the refusal: "the skip weight" (refuse only)
   bool in_run_config =

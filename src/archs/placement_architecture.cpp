@@ -95,6 +95,7 @@ PlacementOption declared_option(const placement::OptionDeclaration& d) {
   for (const std::string& choice : d.choices) option.choices.push_back(choice);
   option.range = d.range;
   option.fix = d.fix;
+  option.defined_at = d.at;
   option.when_unused = d.when_unused;
   option.sets = d.sets;
   option.in_run_config = d.in_run_config;

@@ -91,6 +91,10 @@ class Checker {
     const bool stream = std::find(def.streams.begin(), def.streams.end(), e.text) != def.streams.end();
     if (s_.tensors && stream) return void(e.tensor = true);  // a stream may take a size's name (ResiDual's d)
     if (is_size(e.text) || def.constants.count(e.text) || is_number_option_name(def, e.text)) return;
+    if (const OptionDeclaration* option = find_option(def, e.text); option && !option->is_word())
+      fail(e, fmt::format("option '{}' has no default to use here; bind it to a constant ({{ value = ..., "
+                          "option = \"{}\" }})",
+                          e.text, e.text));
     if (is_word_option_name(def, e.text))
       fail(e, fmt::format("word option '{}' can only be compared in a condition ('{} == {}')", e.text, e.text,
                           find_option(def, e.text)->choices.front()));

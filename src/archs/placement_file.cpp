@@ -102,6 +102,7 @@ class FileReader {
   void read_option_values(placement::OptionDeclaration& option, const toml::table& table);
   void read_constant_table(const std::string& name, const toml::table& table);
   NumberRange parse_range(const toml::node& node);
+  void check_choices(const placement::OptionDeclaration& option, const toml::node& node);
   void read_requirement(const toml::table& table) {
     known_keys(table, std::array{"condition", "message"}, "a [[requires]] entry");
     def_.requirements.push_back({expression(required_key(table, "condition"), "a condition"),
@@ -218,6 +219,10 @@ void FileReader::read_option(const std::string& key, const toml::table& table) {
       fail(sets->source(), "'sets' belongs to an option with when_unused = \"refuse\"");
     option.sets = string(*sets, "sets");
   }
+  if (option.when_unused == UnusedOption::refuse && option.sets.empty())
+    fail(table.source(),
+         fmt::format("option '{}' refuses runs without it: say what it sets (sets = \"the skip weight\")",
+                     key));
   read_option_values(option, table);
 }
 
@@ -236,7 +241,11 @@ void FileReader::read_option_values(placement::OptionDeclaration& option, const 
     if (std::find(option.choices.begin(), option.choices.end(), word) == option.choices.end())
       fail(fallback->source(),
            fmt::format("default \"{}\" is not one of the choices {}", word, fmt::join(option.choices, ", ")));
+    check_choices(option, *table.get("choices"));
+    if (table.get("default_text"))
+      fail(table.get("default_text")->source(), "a word option has a default, not a default_text");
     option.default_value = word;
+    if (option.fix.empty()) option.fix = fmt::format("try {} {}", option.flag, word);
     return;
   }
   if (const toml::node* range = table.get("range")) option.range = parse_range(*range);
@@ -254,6 +263,20 @@ void FileReader::read_option_values(placement::OptionDeclaration& option, const 
   }
   if (!fallback && option.default_text.empty())
     fail(table.source(), fmt::format("option '{}': expected a default (or a default_text)", option.key));
+}
+
+// A condition compares a word option with a choice written as a name: each is one, and distinct.
+void FileReader::check_choices(const placement::OptionDeclaration& option, const toml::node& node) {
+  for (const std::string& choice : option.choices) {
+    const bool name =
+        !choice.empty() && (std::isalpha(static_cast<unsigned char>(choice[0])) || choice[0] == '_') &&
+        std::all_of(choice.begin(), choice.end(),
+                    [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name || std::count(option.choices.begin(), option.choices.end(), choice) > 1)
+      fail(node.source(), fmt::format("choice \"{}\": expected distinct names (letters, digits, '_'), which "
+                                      "a condition can compare with",
+                                      choice));
+  }
 }
 
 // "[a, b]", "(a, b)", "[a, b)", "(a, b]" with numbers, inf or -inf.
@@ -319,10 +342,14 @@ void FileReader::read_constants(const toml::table& top) {
              fmt::format("'{}' is a reserved name or a stream; choose another constant name", name));
       if (value.is_table()) {
         read_constant_table(name, *value.as_table());
-        continue;
+      } else {
+        def_.constants[name] = expression(value, "a constant expression");
+        def_.constant_records[name].formula = formula_text(value, def_.constants[name]);
       }
-      def_.constants[name] = expression(value, "a constant expression");
-      def_.constant_records[name].formula = formula_text(value, def_.constants[name]);
+      if (placement::find_option(def_, name) && def_.constant_records[name].option != name)
+        fail(key.source(), fmt::format("constant '{}' has the name of option '{}' without being bound to it; "
+                                       "add option = \"{}\" or choose another name",
+                                       name, name, name));
     }
   }
   if (const toml::node* node = top.get("init_gain")) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 
 #include "archs.hpp"
 #include "built_in_placements.hpp"
@@ -62,9 +63,15 @@ std::vector<Architecture> built_in_architectures() {
   // data/placements/builtins/ and one row above; a recipe the file format cannot express: one file in
   // src/archs/ and one row above.
   std::vector<Architecture> out;
-  for (const BuiltIn& built_in : kBuiltIns)
+  for (const BuiltIn& built_in : kBuiltIns) {
     out.push_back(built_in.recipe ? built_in.recipe()
                                   : load_built_in_placement(built_in.id, built_in_file_text(built_in.id)));
+    if (out.back().id != built_in.id)
+      throw std::logic_error(
+          fmt::format("data/placements/builtins/{}.toml defines id '{}'; a built-in's file "
+                      "carries its row's id",
+                      built_in.id, std::string(out.back().id)));
+  }
   for (const auto& [name, text] : kBuiltInPlacementFiles) {
     const bool listed = std::any_of(std::begin(kBuiltIns), std::end(kBuiltIns),
                                     [&](const BuiltIn& b) { return b.id == name; });
@@ -74,22 +81,26 @@ std::vector<Architecture> built_in_architectures() {
   return out;
 }
 
-// One option key is one flag: a second declaration must agree on what the flag accepts and does.
-void check_same_option(const std::deque<Architecture>& table, const Architecture& arch,
-                       const PlacementOption& option) {
+// One option key is one flag: a second declaration must be the first's, field for field (the
+// first is the one the flag, its check, --help and the documents use).
+bool same_declaration(const PlacementOption& a, const PlacementOption& b) {
+  const auto range = [](const NumberRange& r) {
+    return std::tuple(r.low, r.high, r.low_closed, r.high_closed);
+  };
+  return a.flag == b.flag && a.help == b.help && a.default_value == b.default_value &&
+         a.default_text == b.default_text && a.choices == b.choices && range(a.range) == range(b.range) &&
+         a.fix == b.fix && a.when_unused == b.when_unused && a.sets == b.sets &&
+         a.in_run_config == b.in_run_config && a.in_sweep_model == b.in_sweep_model;
+}
+
+void check_same_option(const std::deque<Architecture>& table, const PlacementOption& option) {
   for (const Architecture& other : table) {
     for (const PlacementOption& first : other.options) {
       if (first.key != option.key) continue;
-      const bool same =
-          first.choices == option.choices && first.default_value == option.default_value &&
-          first.default_text == option.default_text && first.range.low == option.range.low &&
-          first.range.high == option.range.high && first.range.low_closed == option.range.low_closed &&
-          first.range.high_closed == option.range.high_closed && first.when_unused == option.when_unused;
-      if (!same)
-        throw InputError(
-            fmt::format("{}: option '{}' is declared differently by '{}' ({}); one key is one flag: declare "
-                        "it the same way",
-                        arch.defined_at, std::string(option.key), std::string(other.id), other.defined_at));
+      if (!same_declaration(first, option))
+        throw InputError(fmt::format(
+            "{}: option '{}' is declared differently by '{}' ({}); one key is one flag: copy that table",
+            option.defined_at, std::string(option.key), std::string(other.id), first.defined_at));
       return;
     }
   }
@@ -108,7 +119,7 @@ void add_unique(std::deque<Architecture>& table, Architecture arch) {
       }
     }
   }
-  for (const PlacementOption& option : arch.options) check_same_option(table, arch, option);
+  for (const PlacementOption& option : arch.options) check_same_option(table, option);
   table.push_back(std::move(arch));
 }
 
@@ -129,7 +140,7 @@ std::vector<std::string> placement_files(const std::string& directory) {
 std::deque<Architecture>& registry() {
   static std::deque<Architecture> table = [] {
     std::deque<Architecture> out;
-    for (Architecture& arch : built_in_architectures()) out.push_back(std::move(arch));
+    for (Architecture& arch : built_in_architectures()) add_unique(out, std::move(arch));
     for (const std::string& directory : placement_directories()) {
       for (const std::string& file : placement_files(directory)) add_unique(out, load_placement_file(file));
     }

@@ -50,6 +50,8 @@ struct ModelOptions {
   std::map<std::string, std::optional<std::string>, std::less<>> words;
 };
 void add_model_options(CLI::App* sub, ModelOptions& options);
+// The placements' own flags (--alpha, --keel-variant, ...); called after every other flag of `sub`.
+void add_placement_options(CLI::App* sub, ModelOptions& options);
 // The configuration the flags describe (depth and width as set on options.model), validated;
 // `adjust` (analyze --config) changes it before the validation.
 ModelConfig resolve_model(const ModelOptions& options, const std::function<void(ModelConfig&)>& adjust = {});

@@ -22,8 +22,14 @@ int main(int argc, char** argv) {
       "Definitions of every placement and figure, with units: docs/ (placements.md, metrics.md, output.md), "
       "or 'gradflow explain FIGURE'. Exit codes: 0 ok, 1 check failed, 2 bad input.");
   namespace cli = gradflow::cli;
-  const cli::Command commands[] = {cli::setup_analyze(app), cli::setup_archs(app), cli::setup_sweep(app),
-                                   cli::setup_merge(app),   cli::setup_check(app), cli::setup_explain(app)};
+  std::vector<cli::Command> commands;
+  try {  // the placement flags come from the registry: a broken file in GRADFLOW_PLACEMENTS stops here
+    commands = {cli::setup_analyze(app), cli::setup_archs(app), cli::setup_sweep(app),
+                cli::setup_merge(app),   cli::setup_check(app), cli::setup_explain(app)};
+  } catch (const gradflow::InputError& error) {
+    fmt::print(stderr, "gradflow: error: {}\n", error.what());
+    return static_cast<int>(ExitCode::bad_input);
+  }
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (const std::string message = cli::unknown_subcommand(app, args); !message.empty()) {
     fmt::print(stderr, "{}\n", message);

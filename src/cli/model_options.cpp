@@ -10,16 +10,6 @@
 namespace gradflow::cli {
 
 namespace {
-// One flag per placement option (PlacementOption), each declared by the placements' recipe files.
-void add_placement_options(CLI::App* sub, ModelOptions& options) {
-  for (const PlacementOption* option : placement_options()) {
-    const std::string flag(option->flag), key(option->key), help(option->help);
-    CLI::Option* added = option->is_word() ? sub->add_option(flag, options.words[key], help)
-                                           : sub->add_option(flag, options.numbers[key], help);
-    added->default_str(option->shown_default());
-  }
-}
-
 // The block's ops (issue 19): FFN kind and width, rotary embeddings, key/value heads, biases, eps.
 void add_block_op_options(CLI::App* sub, ModelConfig& m, ModelOptions& options) {
   sub->add_option("--ffn", options.ffn,
@@ -60,7 +50,6 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
   sub->add_option("--precision", options.precision,
                   "Arithmetic: f32 or f64 (gradient logs are always accumulated in double)")
       ->check(CLI::IsMember({"f32", "f64"}));
-  add_placement_options(sub, options);
   sub->add_option("--probes", m.probes, "Random probes U per seed (per-state figures are RMS over probes)");
   sub->add_option("--input-corr", m.input_corr, "Correlation r of the input tokens, in [0, 1]");
   sub->add_flag("--ideal-branch", options.ideal_branch,
@@ -78,6 +67,23 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
                   "What --update steps: matrices (every weight matrix) or all (the matrices and every norm's "
                   "gain, gamma = 1 at init)")
       ->default_str("matrices");
+}
+
+// One flag per placement option (PlacementOption), each declared by a placement file's
+// [options.KEY], added after every other flag of the subcommand, so that a key whose flag
+// gradflow already has is refused, naming the file's table.
+void add_placement_options(CLI::App* sub, ModelOptions& options) {
+  for (const PlacementOption* option : placement_options()) {
+    const std::string flag(option->flag), key(option->key), help(option->help);
+    if (sub->get_option_no_throw(flag))
+      throw InputError(
+          fmt::format("{}: option '{}' would take the flag {}, which gradflow {} already has; "
+                      "choose another key",
+                      option->defined_at, key, flag, sub->get_name()));
+    CLI::Option* added = option->is_word() ? sub->add_option(flag, options.words[key], help)
+                                           : sub->add_option(flag, options.numbers[key], help);
+    added->default_str(option->shown_default());
+  }
 }
 
 ModelConfig resolve_model(const ModelOptions& options, const std::function<void(ModelConfig&)>& adjust) {

@@ -238,6 +238,7 @@ Command setup_sweep(CLI::App& app) {
   sub->add_flag("-v,--verbose", options->verbose,
                 "One line per cell: skipped (already complete) or computed, with its time");
   sub->add_flag("-q,--quiet", options->quiet, "No progress bar, no summary table");
+  add_placement_options(sub, options->model);
   sub->footer(
       "Finished cells (file present, same configuration) are skipped, so an interrupted sweep resumes where "
       "it stopped.");
