@@ -82,7 +82,8 @@ void add_placement_options(CLI::App* sub, ModelOptions& options) {
                       option->defined_at, key, flag, sub->get_name()));
     CLI::Option* added = option->is_word() ? sub->add_option(flag, options.words[key], help)
                                            : sub->add_option(flag, options.numbers[key], help);
-    added->default_str(option->shown_default());
+    added->default_str(option->shown_default())
+        ->group("Placement options (declared by the placements' files)");
   }
 }
 
