@@ -354,14 +354,21 @@ double estimated_memory_bytes(const ModelConfig& config, int stream_count) {
   const double states = (s + 1) * stream_count * t * d;
   // Attention's q, k, v, o in forward and backward copies, and the FFN's two (gated: three) matrices.
   const double ffn_matrices = config.ffn == FfnKind::gelu ? 2 : 3;
-  const double weights = 2 * (2 * d * d + 2 * d * kv_width) + ffn_matrices * d * h;
+  const double attention_weights = 2 * d * d + 2 * d * kv_width, ffn_weights = ffn_matrices * d * h;
+  const double weights = 2 * attention_weights + ffn_weights;
   const double working = 24 * k * t * d + 2 * ffn_matrices * k * t * h  // sublayer values and cotangents
                          + config.heads * t * t * 2 + 4 * k * t * d * stream_count;
   // The result's per-state and per-sublayer figures (about 40 columns of doubles) and the
   // contribution log per probe.
   const double figures = (s + 1) * 8 * (40 + 2.0 * stream_count + config.spectrum) + s * k * 8;
+  // --update (src/science/update.cpp): probe 0's cotangent of every stored state, and the weight
+  // gradient, step and stepped weights, in buffers reused from sublayer to sublayer (so attention's
+  // and the FFN's, once each) and by every learning rate. Measured peaks against this estimate:
+  // keel depth 1024, 284 MB (299 MB); Llama-3.2-1B's block at depth 2, 1.00 GB (1.06 GB).
+  const double update =
+      config.update == UpdateRule::none ? 0 : states + 3 * (attention_weights + ffn_weights);
   constexpr double kBaseline = 16 << 20;  // binary, libraries, result arrays
-  return (states + weights + working) * scalar + figures + kBaseline;
+  return (states + weights + working + update) * scalar + figures + kBaseline;
 }
 
 }  // namespace gradflow

@@ -136,7 +136,8 @@ inline constexpr double kDefaultLearningRate = 1e-3;         // --update without
 inline constexpr std::size_t kMaxLearningRates = 16;         // --lr: one stepped forward pass each
 
 // Bytes an analysis of this configuration needs at peak (residual states plus one sublayer's
-// working set), used to refuse up front what would not fit.
+// working set, and --update's stored cotangents and weight copies), used to refuse up front what
+// would not fit.
 // Computed in floating point, so that absurd sizes give a huge estimate, never a wrapped one.
 double estimated_memory_bytes(const ModelConfig& config, int stream_count);
 // Floating-point operations of one sublayer's forward pass, averaged over the block's sublayers:

@@ -89,3 +89,23 @@ TEST_CASE("placement options: one flag per key, declared by the placements that 
   CHECK(config.number_option("mix_ratio") == 0.5);
   CHECK_FALSE(config.word_option("mix_ratio"));
 }
+
+TEST_CASE("the memory estimate counts --update's stored cotangents and weight copies") {
+  ModelConfig config;  // 64 blocks of width 256, T = 64, f32
+  config.precision = Precision::f32;
+  const double without = estimated_memory_bytes(config, 1);
+  config.update = UpdateRule::adam;
+  config.learning_rates = {1e-3};
+  const double with = estimated_memory_bytes(config, 1);
+  const double states = (2.0 * config.blocks + 1) * config.seq * config.width * 4;  // one cotangent each
+  // Attention's four matrices and the FFN's two, in f32: gradient, step and stepped weights of each.
+  const double weights = (4.0 * 256 * 256 + 2 * 256 * 1024) * 4;
+  CHECK(with - without == doctest::Approx(states + 3 * weights));
+  config.learning_rates = {1e-3, 1e-4, 1e-5};  // each stepped pass reuses the same buffers
+  CHECK(estimated_memory_bytes(config, 1) == with);
+  // Four streams: four cotangents per state.
+  ModelConfig plain = config;
+  plain.update = UpdateRule::none;
+  CHECK(estimated_memory_bytes(config, 4) - estimated_memory_bytes(plain, 4) ==
+        doctest::Approx(4 * states + 3 * weights));
+}

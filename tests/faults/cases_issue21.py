@@ -129,6 +129,10 @@ CASES = [
          message=r"out of memory.*RLIMIT_AS", preexec=address_space(300_000_000), timeout=5),
     Case("analyze depth 8192 under 1.2 GB of address space", ["analyze", "--arch", "keel", "--depth", "8192"],
          message=r"out of memory", preexec=address_space(1_200_000_000), timeout=5),
+    # --update keeps a cotangent per state and three copies of the weights: refused up front, not mid-run.
+    Case("analyze --update at Llama width under 1.15 GB of address space",
+         ["analyze", "--config", "llama-3.2-1b", "--depth", "2", "--update", "adam", "-q"],
+         message=r"out of memory.*RLIMIT_AS", preexec=address_space(1_150_000_000), timeout=5),
     Case("sweep under 300 MB of address space", ["sweep", "--arch", "keel", "--depth", "64,8192", "-o", "o"],
          message=r"out of memory", preexec=address_space(300_000_000), timeout=5),
     # lost writes: stdout on a full disk
