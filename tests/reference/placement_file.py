@@ -461,6 +461,13 @@ class Option:
         self.when_unused = raw.get("when_unused", "warn")
         if self.when_unused not in WHEN_UNUSED:
             raise FileError(f"{where}: when_unused {self.when_unused!r} is not one of {WHEN_UNUSED}")
+        # [P] "Further rules": `when_unused = "refuse"` needs `sets`, and `sets` needs it
+        if (self.when_unused == "refuse") != ("sets" in raw):
+            raise FileError(f"{where}: `sets` is given exactly when when_unused = \"refuse\"")
+        self.sets = raw.get("sets")
+        # [P] "Further rules": `default` and `default_text` exclude each other
+        if "default" in raw and "default_text" in raw:
+            raise FileError(f"{where}: `default` and `default_text` exclude each other")
         self.in_run_config, self.in_sweep_model = raw.get("in_run_config", False), raw.get("in_sweep_model", False)
         default = raw.get("default")
         if default is not None and (isinstance(default, bool) or not isinstance(default, (int, float, str))):
@@ -472,6 +479,11 @@ class Option:
             if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices) \
                     or len(set(choices)) != len(choices):
                 raise FileError(f"{where}: a word option needs `choices`, distinct strings")
+            # [P] "Further rules": choices are names (letters, digits, `_`), since a condition writes them as names
+            bad = [c for c in choices if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", c)]
+            if bad:
+                raise FileError(f"{where}: choices {bad} are not names (letters, digits and _, not starting "
+                                "with a digit)")
             if default not in choices:
                 raise FileError(f"{where}: default {default!r} is not one of its choices {choices}")
             if "range" in raw or "default_text" in raw:
@@ -567,6 +579,10 @@ class PlacementFile:
         self.options = {k: Option(k, v, source) for k, v in options.items()}
         self.constants = dict(doc.get("constants", {}))
         self.const = {n: Constant(n, v, self) for n, v in self.constants.items()}
+        for n, c in self.const.items():  # [P] "Further rules": an option's name only for a constant bound to it
+            if n in self.options and c.option != n:
+                raise FileError(f"{source}: constant '{n}' takes the name of option '{n}' without being bound "
+                                f"to it (option = \"{n}\")")
         self.constant_ast = {n: c.ast for n, c in self.const.items() if c.ast is not None}
         self.init_gain = {k: parse_expr(v) if isinstance(v, str) else Node("num", value=float(v))
                           for k, v in doc.get("init_gain", {}).items()}

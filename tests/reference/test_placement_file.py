@@ -400,6 +400,21 @@ def malformed_option_tables_are_refused():
         "word option in an expression": ('[options.v]\nhelp = "v"\ndefault = "a"\nchoices = ["a", "b"]\n'
                                          '[constants]\nk = "v * 2"\n'),
         "final_norm not a string": 'final_norm = true\n',
+        # [P] "Further rules", one case each
+        "refuse without sets": '[options.r]\nhelp = "r"\ndefault = 0.5\nwhen_unused = "refuse"\n',
+        "sets without refuse": '[options.r]\nhelp = "r"\ndefault = 0.5\nsets = "the weight"\n',
+        "sets with warn": '[options.r]\nhelp = "r"\ndefault = 0.5\nwhen_unused = "warn"\nsets = "the weight"\n',
+        "default and default_text": '[options.r]\nhelp = "r"\ndefault = 0.5\ndefault_text = "paper"\n',
+        "word option with default_text": ('[options.v]\nhelp = "v"\ndefault = "a"\nchoices = ["a", "b"]\n'
+                                          'default_text = "paper"\n'),
+        "repeated choice": '[options.v]\nhelp = "v"\ndefault = "a"\nchoices = ["a", "b", "a"]\n',
+        "choice not a name": '[options.v]\nhelp = "v"\ndefault = "a"\nchoices = ["a", "b-c"]\n',
+        "choice starting with a digit": '[options.v]\nhelp = "v"\ndefault = "a"\nchoices = ["a", "2b"]\n',
+        "empty choice": '[options.v]\nhelp = "v"\ndefault = "a"\nchoices = ["a", ""]\n',
+        "constant named as an option, unbound": '[options.a]\nhelp = "a"\ndefault = 1\n[constants]\na = "S"\n',
+        "constant named as an option, bound to another": ('[options.a]\nhelp = "a"\ndefault = 1\n'
+                                                          '[options.c]\nhelp = "c"\ndefault = 2\n'
+                                                          '[constants]\na = { value = "S", option = "c" }\n'),
     }
     conds = {
         "condition comparing an undeclared option": "variant == v1",
@@ -418,6 +433,9 @@ def malformed_option_tables_are_refused():
             continue
         raise AssertionError(f"{why}: accepted")
     placement('output = "x"\n' + word + '[options.r]\nhelp = "r"\ndefault = 1\nrange = "[0, inf)"\n' + rule)  # a good one reads
+    placement('output = "x"\n[options.r]\nhelp = "r"\ndefault = 0.5\nwhen_unused = "refuse"\nsets = "the weight"\n'
+              '[options.v]\nhelp = "v"\ndefault = "A_1"\nchoices = ["A_1", "_b2"]\n'
+              '[constants]\nr = { option = "r" }\n' + rule)  # refuse with sets, name-like choices, a bound namesake
 
 
 REQ = ('output = "N(x)"\n[constants]\nbeta = "sqrt(2/S)"\nlam = "sqrt(1 - beta^2)"\n'
