@@ -3,6 +3,8 @@
 #include "gradflow/runner.hpp"
 
 #include <doctest/doctest.h>
+
+#include <atomic>
 #include <unistd.h>
 
 #include <filesystem>
@@ -77,7 +79,7 @@ TEST_CASE("run_all rethrows a run's exception once every run has ended") {
   const Architecture& arch = find_architecture("pre-ln");
   const Constants constants = resolve_constants(arch, config);
   const std::vector<RunRequest> runs = {{&config, &arch, &constants, 0}, {&config, &arch, &constants, 1}};
-  int finished = 0;
+  std::atomic<int> finished = 0;  // run_all calls back from both runs' threads at once
   CHECK_THROWS_AS(run_all(runs, {2, 1, {}},
                           [&](std::size_t run, SeedResult&&, double) {
                             ++finished;
