@@ -3,10 +3,9 @@
 #include "gradflow/runner.hpp"
 
 #include <doctest/doctest.h>
-
-#include <atomic>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
