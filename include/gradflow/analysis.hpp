@@ -54,6 +54,19 @@ struct UpdateStep {
   int diverged_state = -1;  // the first stepped state with a non-finite entry; -1: none
 };
 
+// --checkpoint (issue 28): the backward starts from the language-model loss (lm) or from a random
+// probe of the final norm's output (probe, as at init).
+enum class LossKind { lm, probe };
+
+// The figures only a trained checkpoint's run has (metrics.md, "Trained checkpoints").
+struct CheckpointFigures {
+  LossKind loss_kind = LossKind::lm;
+  double loss = 0.0;                     // the LM loss in nats per predicted token, or the probe loss
+  std::vector<double> angular_distance;  // per layer i: arccos(cos(x_2i, x_2i+2) at t = T-1) / pi
+  std::vector<std::int64_t> tokens;      // the ids analysed
+  bool random_tokens = false;            // drawn by seed, not read from --tokens
+};
+
 struct SeedResult {
   std::uint64_t seed = 0;
   // index 0..S: rms, log10_grad, log10_grad_rel, log10_grad_se, token_cos, erank (+ --spectrum and
@@ -77,6 +90,7 @@ struct SeedResult {
   std::vector<std::vector<double>> angles_matrix;
   std::optional<Divergence> diverged;
   std::vector<UpdateStep> updates;      // --update: one per learning rate, in --lr order
+  std::optional<CheckpointFigures> checkpoint;  // --checkpoint runs only
   double seconds = 0.0;                 // wall time of this seed, and of its phases:
   double forward_seconds = 0.0;         // the forward loop over sublayers (weights drawn, states stored)
   double representation_seconds = 0.0;  // token_cos, erank and angle from the stored states

@@ -21,6 +21,8 @@ struct AnalysisReport {
   bool timing = true;  // false (--no-timing): no wall times and no thread count, for byte-comparable output
   // analyze --config: every run's config.config_file (path, model_type, sources, notes); null otherwise.
   nlohmann::ordered_json config_file;
+  // analyze --checkpoint: every run's config.checkpoint (directory, model_type, files, tokens, loss).
+  nlohmann::ordered_json checkpoint;
 };
 
 // Where the numbers come from (JSON "tool"): version, the git commit CMake saw when it configured the

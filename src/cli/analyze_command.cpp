@@ -36,6 +36,7 @@ struct AnalyzeOptions {
   const CLI::Option* seeds_flag = nullptr;
   std::string angles = "consecutive";
   std::string config;  // --config PATH|NAME: "" when not given
+  std::string checkpoint, tokens, loss;  // --checkpoint DIR, --tokens FILE, --loss lm|probe: "" when not given
   bool verbose = false;
   const CLI::App* app = nullptr;  // to tell the flags given from the defaults a config.json replaces
 };
@@ -194,7 +195,69 @@ void write_report(const AnalysisReport& report, const std::string& format, const
   output.commit();
 }
 
+// The flags that shape the model: with --checkpoint its config.json does.
+constexpr const char* kModelShapingFlags[] = {
+    "--arch",         "--depth",      "--width", "--config", "--heads",       "--kv-heads",   "--ffn",
+    "--ffn-hidden",   "--rope-theta", "--rope-fraction",    "--bias",        "--norm-eps",   "--block",
+    "--norm",         "--init",       "--probes", "--input-corr", "--ideal-branch", "--spectrum",
+    "--exact-jacobian", "--seeds",    "--export-weights"};
+
+bool given(const AnalyzeOptions& options, const char* flag) {
+  const CLI::Option* option = options.app->get_option_no_throw(flag);
+  return option && option->count() > 0;
+}
+
+// analyze --checkpoint: refuses the flags that do not apply, then runs checkpoint_command.cpp.
+int run_checkpoint(const AnalyzeOptions& options) {
+  for (const char* flag : kModelShapingFlags) {
+    if (!given(options, flag)) continue;
+    if (std::string_view(flag) == "--arch")
+      throw InputError("--arch does not apply with --checkpoint: the placement is the model's own (its "
+                       "config.json's model_type); remove --arch");
+    throw InputError(fmt::format("{} does not apply with --checkpoint: the checkpoint's config.json sets the model; "
+                                 "remove {}",
+                                 flag, flag));
+  }
+  for (const auto& [key, value] : options.model.numbers)
+    if (value) throw InputError(fmt::format("--{} is a placement option; with --checkpoint the placement is the "
+                                            "model's own; remove it", key));
+  for (const auto& [key, value] : options.model.words)
+    if (value) throw InputError(fmt::format("--{} is a placement option; with --checkpoint the placement is the "
+                                            "model's own; remove it", key));
+  if (options.angles == "all")
+    throw InputError("--angles all is not computed with --checkpoint (the layers' angular distances are); remove it");
+  if (!options.model.update_params.empty() && options.model.update_params != "matrices")
+    throw InputError(fmt::format("--update-params {} is not computed with --checkpoint: the step moves the layers' "
+                                 "matrices; use --update-params matrices or leave it out",
+                                 options.model.update_params));
+  if (!options.tokens.empty() && given(options, "--seq"))
+    throw InputError("--seq does not apply with --tokens: T is the number of ids in the file; remove --seq");
+  if (given(options, "--tokens") && options.tokens.empty())
+    throw InputError("--tokens '' names no file; give --tokens FILE (whitespace-separated token ids)");
+  if (options.checkpoint.empty()) throw InputError("--checkpoint '' names no directory; give --checkpoint DIR");
+  const std::string format = resolve_output_format(options.format, options.output_flag, options.output,
+                                                   {"json", "csv", "table", "markdown"}, "table");
+  CheckpointCommand command;
+  command.directory = options.checkpoint;
+  command.tokens = options.tokens;
+  command.loss = options.loss.empty() ? "lm" : options.loss;
+  command.output = options.output;
+  command.quiet = options.quiet;
+  command.no_timing = options.no_timing;
+  command.seq = options.model.model.seq;
+  command.seed = options.seed;
+  command.model = resolve_model(options.model);
+  return run_analyze_checkpoint(command, [&](const AnalysisReport& report, AtomicOutput& output) {
+    write_report(report, format, options, output);
+  });
+}
+
 int run_analyze(const AnalyzeOptions& options) {
+  if (!options.checkpoint.empty() || given(options, "--checkpoint")) return run_checkpoint(options);
+  if (given(options, "--tokens") || given(options, "--loss"))
+    throw InputError(fmt::format("{} applies only with --checkpoint DIR (a trained model); remove it, or give "
+                                 "--checkpoint",
+                                 given(options, "--tokens") ? "--tokens" : "--loss"));
   const int threads = checked_threads(options);
   const std::string format = resolve_output_format(options.format, options.output_flag, options.output,
                                                    {"json", "csv", "table", "markdown"}, "table");
@@ -304,6 +367,20 @@ Command setup_analyze(CLI::App& app) {
          "family's placement; flags given override it, and --seq stays 64 unless given (the file's "
          "context length is only an upper bound)")
       ->default_str("off");
+  sub->add_option("--checkpoint", options->checkpoint,
+                  "A trained Hugging Face checkpoint: DIR with config.json and model.safetensors (or its shards "
+                  "and model.safetensors.index.json); model_type llama, mistral, qwen2, olmo2, gpt2 or gemma2. "
+                  "The model's own forward and placement; docs/checkpoints.md")
+      ->default_str("off");
+  sub->add_option("--tokens", options->tokens,
+                  "With --checkpoint: the token ids to analyse, whitespace-separated (T = their count); "
+                  "without it, --seq ids drawn by --seed")
+      ->default_str("off");
+  sub->add_option("--loss", options->loss,
+                  "With --checkpoint: lm, the language-model loss (mean cross-entropy of each next token), or "
+                  "probe, a random probe of the final norm's output as at init")
+      ->check(CLI::IsMember({"lm", "probe"}))
+      ->default_str("lm");
   sub->add_flag("-q,--quiet", options->quiet, "No progress bar");
   sub->add_flag("-v,--verbose", options->verbose, "With --config: also list the config.json keys not used");
   add_placement_options(sub, options->model);

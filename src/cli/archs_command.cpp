@@ -19,6 +19,7 @@ std::string_view file_of(std::string_view defined_at) {
 
 struct ArchsOptions {
   std::string arch;
+  std::string checkpoint;
   int depth = 64;
   std::string format = "table";
 };
@@ -74,6 +75,10 @@ void print_closed_forms(const Architecture& arch, const ModelConfig& config) {
 }
 
 int run_archs(const ArchsOptions& options) {
+  if (!options.checkpoint.empty()) {
+    print_checkpoint(options.checkpoint, options.format);
+    return 0;
+  }
   ModelConfig config;
   config.blocks = options.depth;
   validate(config);
@@ -136,6 +141,12 @@ Command setup_archs(CLI::App& app) {
       ->default_str("all, one line each");
   sub->add_option("--depth", options->depth, "Depth in blocks at which to evaluate the constants");
   sub->add_option("--format", options->format, "table or json")->check(CLI::IsMember({"table", "json"}));
+  sub->add_option("--checkpoint", options->checkpoint,
+                  "Show what a Hugging Face checkpoint directory holds (config.json and .safetensors): "
+                  "model_type, layers, widths, tensors and dtypes, the placement")
+      ->default_str("off")
+      ->excludes("--arch")
+      ->excludes("--depth");
   return {sub, [options] { return run_archs(*options); }};
 }
 

@@ -16,7 +16,30 @@
 #include "gradflow/config.hpp"
 #include "gradflow/model_config_file.hpp"
 
+namespace gradflow {
+struct AnalysisReport;
+}
+
 namespace gradflow::cli {
+
+class AtomicOutput;
+
+// analyze --checkpoint DIR (checkpoint_command.cpp): the flags that apply to a trained checkpoint.
+struct CheckpointCommand {
+  std::string directory, tokens;  // tokens: "" draws --seq ids by --seed
+  std::string loss = "lm";
+  std::string output;
+  bool quiet = false, no_timing = false;
+  int seq = 64;
+  std::uint64_t seed = 0;
+  ModelConfig model;  // precision, --update and its learning rates
+};
+// Reads, checks and analyses the checkpoint; `write` writes the report to the output opened
+// before the work. Returns the exit code.
+int run_analyze_checkpoint(const CheckpointCommand& command,
+                           const std::function<void(const AnalysisReport&, AtomicOutput&)>& write);
+// archs --checkpoint DIR: what was found (model_type, layers, widths, tensors and dtypes, placement).
+void print_checkpoint(const std::string& directory, const std::string& format);
 
 // setup_x registers subcommand x on the app; `run` executes it once parsed and returns the exit code.
 struct Command {

@@ -44,6 +44,9 @@ void write_csv(const AnalysisReport& report, std::ostream& out) {
     for (const char* kind : kMatrixKinds) out << ",step_rel_" << kind << '_' << i;
     out << ",step_rel_norm_gain_" << i << ",diverged_state_" << i;
   }
+  // --checkpoint: the loss on every row, and layer i's angular distance on its attention row (2i)
+  const bool checkpoint = first.checkpoint.has_value();
+  if (checkpoint) out << ",loss,layer_angular_distance";
   out << "\r\n";
   for (const ArchResult& result : report.results) {
     const int sublayers = result.config.sublayers();
@@ -73,6 +76,11 @@ void write_csv(const AnalysisReport& report, std::ostream& out) {
           for (const double step_rel : step.step_rel) out << ',' << cell(step_rel);
           out << ',' << cell(step.step_rel_norm_gain) << ','
               << (step.diverged_state >= 0 ? fmt::format("{}", step.diverged_state) : "");
+        }
+        if (checkpoint && seed.checkpoint) {
+          const auto& angular = seed.checkpoint->angular_distance;
+          const bool layer_row = has_sublayer && l % 2 == 0 && static_cast<std::size_t>(l / 2) < angular.size();
+          out << ',' << cell(seed.checkpoint->loss) << ',' << (layer_row ? cell(angular[l / 2]) : "");
         }
         out << "\r\n";
       }

@@ -95,6 +95,14 @@ json seed_to_json(const SeedResult& seed, bool timing) {
   }
   if (!seed.updates.empty()) summary["update"] = updates_to_json(seed.updates);
   json out = {{"seed", seed.seed}, {"states", states}, {"sublayers", sublayers}, {"summary", summary}};
+  if (seed.checkpoint) {  // --checkpoint: the loss and the layers' angular distances (metrics.md)
+    const CheckpointFigures& figures = *seed.checkpoint;
+    out["checkpoint"] = {{"loss_kind", figures.loss_kind == LossKind::lm ? "lm" : "probe"},
+                         {"loss", json_number(figures.loss)},
+                         {"angular_distance", json_numbers(figures.angular_distance)},
+                         {"tokens", figures.tokens},
+                         {"random_tokens", figures.random_tokens}};
+  }
   if (!seed.angles_matrix.empty()) {
     json matrix = json::array();
     for (const auto& row : seed.angles_matrix) matrix.push_back(json_numbers(row));
@@ -212,6 +220,7 @@ json report_to_json(const AnalysisReport& report) {
     for (const auto& seed : result.seeds) seeds.push_back(seed_to_json(seed, report.timing));
     json config = config_to_json(result);
     if (!report.config_file.is_null()) config["config_file"] = report.config_file;
+    if (!report.checkpoint.is_null()) config["checkpoint"] = report.checkpoint;
     runs.push_back({{"arch", std::string(result.arch->id)},
                     {"config", config},
                     {"seeds", seeds},

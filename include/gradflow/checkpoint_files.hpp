@@ -1,0 +1,94 @@
+// A Hugging Face checkpoint directory on disk (issue 28): config.json, and model.safetensors or the
+// shards a model.safetensors.index.json names, memory-mapped. Every header, offset, dtype and shape
+// is validated against the file sizes and the config before any tensor is read; tensors are
+// converted on request and their pages dropped after (TensorStore), so that a pass over the model
+// holds a few tensors at a time.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradflow/checkpoint.hpp"
+
+namespace gradflow {
+
+// The element types the reader converts; others are refused naming the tensor.
+enum class TensorDtype { f64, f32, f16, bf16 };
+std::string_view to_string(TensorDtype value);
+
+// One tensor of a mapped safetensors file.
+struct TensorEntry {
+  std::string name;
+  TensorDtype dtype = TensorDtype::f32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0, end = 0;  // offsets into the data section
+  int file = 0;                      // index into the checkpoint's files
+};
+
+// One memory-mapped safetensors file: header parsed and checked (offsets inside the file,
+// contiguous, without overlap or gap, byte counts matching shape x dtype).
+class SafetensorsFile {
+ public:
+  // Throws InputError naming `path` (and the tensor) for anything malformed.
+  explicit SafetensorsFile(std::string path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorEntry>& tensors() const { return tensors_; }
+  const unsigned char* data() const { return data_; }
+  // Drops the pages of bytes [begin, end) of the data section from this process's memory.
+  void release(std::uint64_t begin, std::uint64_t end) const;
+
+ private:
+  std::string path_;
+  void* mapping_ = nullptr;
+  std::uint64_t size_ = 0;
+  const unsigned char* data_ = nullptr;  // the data section
+  std::vector<TensorEntry> tensors_;
+};
+
+// The checkpoint: its spec, its files and every tensor by name, validated against the spec.
+class CheckpointFiles : public TensorStore {
+ public:
+  // Reads DIR/config.json and the safetensors files; throws InputError naming the file and
+  // tensor at fault.
+  explicit CheckpointFiles(const std::string& directory);
+  ~CheckpointFiles() override;
+
+  const HfModelSpec& spec() const { return spec_; }
+  const std::string& directory() const { return directory_; }
+  const nlohmann::ordered_json& config_json() const { return config_json_; }
+  std::vector<std::string> file_names() const;
+  const std::vector<TensorEntry>& entries() const { return entries_; }
+  std::vector<std::string> ignored_tensors() const { return ignored_; }
+  std::uint64_t largest_tensor_bytes() const { return largest_bytes_; }
+
+  void read_rows(const std::string& name, std::int64_t first_row, std::int64_t rows, float* out) const override;
+  void read_rows(const std::string& name, std::int64_t first_row, std::int64_t rows, double* out) const override;
+  std::vector<std::int64_t> shape(const std::string& name) const override;
+  void release(const std::string& name) const override;
+
+ private:
+  const TensorEntry& entry(const std::string& name) const;
+  template <typename Scalar>
+  void convert(const std::string& name, std::int64_t first_row, std::int64_t rows, Scalar* out) const;
+
+  std::string directory_;
+  nlohmann::ordered_json config_json_;
+  HfModelSpec spec_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<TensorEntry> entries_;
+  std::map<std::string, std::size_t, std::less<>> by_name_;
+  std::vector<std::string> ignored_;
+  std::uint64_t largest_bytes_ = 0;
+};
+
+// --tokens FILE: whitespace-separated token ids, each in [0, vocab); throws InputError naming the
+// file, the position (0-based) and the id at fault, and an empty file.
+std::vector<std::int64_t> read_token_file(const std::string& path, int vocab);
+
+}  // namespace gradflow

@@ -1,0 +1,387 @@
+// The analysis of a trained checkpoint (metrics.md, "Trained checkpoints"): one forward pass over
+// the model's layers (weights read and dropped sublayer by sublayer, states x_0..x_S stored), the
+// loss, the backward from it (weights read again), the per-state and per-sublayer figures, and
+// --update's one optimizer step from the trained weights.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <numbers>
+
+#include "../science/summary.hpp"
+#include "decoder.hpp"
+#include "gradflow/checkpoint.hpp"
+#include "gradflow/errors.hpp"
+#include "gradflow/representation.hpp"
+#include "gradflow/rng.hpp"
+
+namespace gradflow {
+
+namespace {
+
+using checkpoint::SublayerCache;
+using checkpoint::SublayerGradients;
+using checkpoint::SublayerParams;
+
+constexpr double kLn10 = std::numbers::ln10;
+constexpr double kAdamEpsilon = 1e-8;  // metrics.md: Adam's first step -eta g / (|g| + 1e-8)
+
+template <typename Scalar>
+double squared(const Mat<Scalar>& m) {
+  return m.template cast<double>().squaredNorm();
+}
+
+template <typename Scalar>
+bool finite(const Mat<Scalar>& m) {
+  return m.allFinite();
+}
+
+// The probe of --loss probe: U ~ N(0, 1), (T, d), from the seed (as analyze's probe 0).
+template <typename Scalar>
+Mat<Scalar> probe_matrix(const CheckpointRun& run) {
+  Mat<Scalar> probe(static_cast<Eigen::Index>(run.tokens.size()), run.spec.hidden);
+  if (run.loss == LossKind::probe)
+    fill_normal(stream_key(run.config.seed, RandomUse::probe, 0), Scalar(1), probe.data(),
+                static_cast<std::size_t>(probe.size()));
+  return probe;
+}
+
+// The matrices of a sublayer by matrix kind (kMatrixKinds: w_q w_k w_v w_o w_1 w_2 w_3); the MLP's
+// gate is w_1 (the activated one, as in analyze's gated FFN), up w_3 (w_1 when ungated), down w_2.
+template <typename Scalar>
+std::array<Mat<Scalar>*, kMatrixKindCount> matrices_by_kind(const HfModelSpec& spec, Mat<Scalar>& q, Mat<Scalar>& k,
+                                                            Mat<Scalar>& v, Mat<Scalar>& o, Mat<Scalar>& gate,
+                                                            Mat<Scalar>& up, Mat<Scalar>& down) {
+  if (spec.gated) return {&q, &k, &v, &o, &gate, &down, &up};
+  return {&q, &k, &v, &o, &up, &down, nullptr};
+}
+
+template <typename Scalar>
+class CheckpointAnalysis {
+ public:
+  CheckpointAnalysis(const CheckpointRun& run, const TensorStore& tensors, SeedResult& result,
+                     CheckpointFigures& figures, const ProgressCallback& progress)
+      : run_(run),
+        spec_(run.spec),
+        tensors_(tensors),
+        result_(result),
+        figures_(figures),
+        progress_(progress),
+        sublayers_(spec_.sublayers()),
+        rotary_(checkpoint::rotary_tables<Scalar>(spec_, static_cast<int>(run.tokens.size()))),
+        probe_(probe_matrix<Scalar>(run)) {}
+
+  void run() {
+    const auto start = std::chrono::steady_clock::now();
+    forward();
+    const auto forward_end = std::chrono::steady_clock::now();
+    representation();
+    const auto representation_end = std::chrono::steady_clock::now();
+    backward();
+    const auto backward_end = std::chrono::steady_clock::now();
+    if (run_.config.update != UpdateRule::none) update();
+    summarize_figures(result_);
+    const auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    result_.forward_seconds = seconds(start, forward_end);
+    result_.representation_seconds = seconds(forward_end, representation_end);
+    result_.backward_seconds = seconds(representation_end, backward_end);
+    result_.seconds = seconds(start, std::chrono::steady_clock::now());
+  }
+
+ private:
+  void tick() {
+    ++done_;
+    if (progress_) progress_(done_, total_work());
+  }
+  long long total_work() const { return 2LL * sublayers_ * (run_.config.update != UpdateRule::none ? 2 : 1); }
+
+  // x_0, then x_{l+1} = x_l + update_l for every sublayer; rms, branch_rms and stream_share.
+  void forward() {
+    states_.resize(sublayers_ + 1);
+    states_[0] = checkpoint::embed<Scalar>(spec_, tensors_, run_.tokens);
+    auto& rms = result_.states.at(Figure::rms);
+    auto& stream_rms = result_.streams.front().states.at(Figure::rms);
+    auto& branch_rms = result_.sublayers.at(Figure::branch_rms);
+    auto& stream_share = result_.sublayers.at(Figure::stream_share);
+    const double count = static_cast<double>(states_[0].size());
+    rms[0] = stream_rms[0] = std::sqrt(squared(states_[0]) / count);
+    updates_.resize(sublayers_);
+    for (int l = 0; l < sublayers_; ++l) {
+      checkpoint::load_sublayer(spec_, tensors_, l, params_);
+      checkpoint::sublayer_forward(spec_, rotary_, params_, states_[l], cache_, states_[l + 1]);
+      if (!finite(states_[l + 1])) {
+        result_.diverged = Divergence{l, "forward", "a non-finite value in the residual stream"};
+        throw InputError(fmt::format("the checkpoint's forward pass overflows at sublayer {} (layer {}'s {}): "
+                                     "try --precision f64",
+                                     l, l / 2, l % 2 == 0 ? "attention" : "MLP"));
+      }
+      updates_[l] = cache_.update;
+      rms[l + 1] = stream_rms[l + 1] = std::sqrt(squared(states_[l + 1]) / count);
+      branch_rms[l] = std::sqrt(squared(cache_.update) / count);
+      stream_share[l] = std::sqrt(squared(cache_.update) / squared(states_[l + 1]));
+      tick();
+    }
+    Mat<Scalar> d_top;
+    figures_.loss = checkpoint::head_loss<Scalar>(spec_, tensors_, run_.loss, probe_, run_.tokens, states_.back(),
+                                                 &d_top, &output_);
+    gradients_.resize(sublayers_ + 1);
+    gradients_[sublayers_] = std::move(d_top);
+  }
+
+  // token_cos, erank, angle and block_influence of the stored states; the layers' angular distance
+  // at the last token (Gromov et al. 2024, arXiv 2403.17887, Eq. 7).
+  void representation() {
+    auto& token_cos = result_.states.at(Figure::token_cos);
+    auto& erank = result_.states.at(Figure::erank);
+    auto& angle = result_.sublayers.at(Figure::angle);
+    auto& influence = result_.sublayers.at(Figure::block_influence);
+    std::vector<Eigen::MatrixXd> units(sublayers_ + 1);
+    for (int l = 0; l <= sublayers_; ++l) {
+      const Eigen::MatrixXd rows = states_[l].template cast<double>();
+      units[l] = unit_rows(rows);
+      token_cos[l] = mean_token_cosine(units[l]);
+      erank[l] = effective_rank(rows);
+    }
+    for (int l = 0; l < sublayers_; ++l) {
+      angle[l] = mean_angular_distance(units[l], units[l + 1]);
+      influence[l] = 1.0 - (units[l].array() * units[l + 1].array()).rowwise().sum().mean();
+    }
+    const Eigen::Index last = units[0].rows() - 1;
+    figures_.angular_distance.assign(spec_.layers, 0.0);
+    for (int i = 0; i < spec_.layers; ++i) {
+      const double cosine =
+          std::clamp(units[2 * i].row(last).dot(units[2 * i + 2].row(last)), -1.0, 1.0);
+      figures_.angular_distance[i] = std::acos(cosine) / std::numbers::pi;
+    }
+  }
+
+  // g_l = dL/dx_l from the top down; gain, skip_gain (1: the residual path is the identity),
+  // branch_gain, log10_param_grad and the contributions <g_{l+1}, update_l> of output_share.
+  void backward() {
+    auto& log10_grad = result_.states.at(Figure::log10_grad);
+    auto& stream_grad = result_.streams.front().states.at(Figure::log10_grad);
+    auto& gain = result_.sublayers.at(Figure::gain);
+    auto& skip_gain = result_.sublayers.at(Figure::skip_gain);
+    auto& branch_gain = result_.sublayers.at(Figure::branch_gain);
+    auto& param_grad = result_.sublayers.at(Figure::log10_param_grad);
+    std::vector<double> norms(sublayers_ + 1), contribution(sublayers_);
+    norms[sublayers_] = std::sqrt(squared(gradients_[sublayers_]));
+    SublayerGradients<Scalar> grads;
+    Mat<Scalar> scratch, d_branch;
+    for (int l = sublayers_ - 1; l >= 0; --l) {
+      checkpoint::load_sublayer(spec_, tensors_, l, params_);
+      checkpoint::sublayer_forward(spec_, rotary_, params_, states_[l], cache_, scratch);
+      checkpoint::sublayer_backward(spec_, rotary_, params_, cache_, gradients_[l + 1], gradients_[l], &d_branch,
+                                    &grads, false);
+      if (!finite(gradients_[l])) {
+        result_.diverged = Divergence{l, "backward", "a non-finite value in the gradient"};
+        throw InputError(fmt::format("the checkpoint's backward pass overflows at sublayer {}: try --precision f64", l));
+      }
+      norms[l] = std::sqrt(squared(gradients_[l]));
+      gain[l] = norms[l] / norms[l + 1];
+      skip_gain[l] = 1.0;
+      branch_gain[l] = std::sqrt(squared(d_branch)) / norms[l + 1];
+      param_grad[l] = 0.5 * std::log10(grads.squared_norm);
+      contribution[l] = (gradients_[l + 1].template cast<double>().array() *
+                         updates_[l].template cast<double>().array()).sum();
+      tick();
+    }
+    for (int l = 0; l <= sublayers_; ++l) log10_grad[l] = stream_grad[l] = std::log10(norms[l]);
+    // output_share: |c_l| / sum |c| (one "probe": the loss itself); effective_depth = 1 / sum share^2
+    double total = 0, sum_sq = 0;
+    for (const double c : contribution) total += std::abs(c);
+    auto& share = result_.sublayers.at(Figure::output_share);
+    for (int l = 0; l < sublayers_; ++l) {
+      share[l] = std::abs(contribution[l]) / total;
+      sum_sq += share[l] * share[l];
+    }
+    result_.effective_depth = 1.0 / sum_sq;
+    // x_S = x_0 + sum_l update_l: the input's share of the final state
+    const Mat<Scalar>& top = states_.back();
+    result_.stream_decomposition_input =
+        (states_[0].template cast<double>().array() * top.template cast<double>().array()).sum() / squared(top);
+  }
+
+  // One optimizer step on the loss from the trained weights, per learning rate: each sublayer's
+  // matrices' gradient (recomputed from the stored x_l and g_{l+1}), the step, and the stepped
+  // forward pass up the stack (metrics.md, "One optimizer step").
+  void update() {
+    const int rates = run_.config.update_count();
+    std::vector<Mat<Scalar>> stepped(rates, states_[0]);
+    std::vector<UpdateStep> steps(rates);
+    std::vector<std::array<double, kMatrixKindCount>> step_squares(rates), weight_squares(rates);
+    for (auto& s : step_squares) s.fill(0.0);
+    for (auto& s : weight_squares) s.fill(0.0);
+    std::vector<std::vector<double>> update_loss(rates, std::vector<double>(sublayers_, 0.0));
+    std::vector<bool> alive(rates, true);
+    SublayerGradients<Scalar> grads;
+    SublayerParams<Scalar> moved;
+    SublayerCache<Scalar> moved_cache;
+    Mat<Scalar> scratch, d_in;
+    for (int i = 0; i < rates; ++i) {
+      steps[i].learning_rate = run_.config.learning_rates[i];
+      record_moved(i, 0, stepped[i]);
+    }
+    for (int l = 0; l < sublayers_; ++l) {
+      checkpoint::load_sublayer(spec_, tensors_, l, params_);
+      checkpoint::sublayer_forward(spec_, rotary_, params_, states_[l], cache_, scratch);
+      checkpoint::sublayer_backward<Scalar>(spec_, rotary_, params_, cache_, gradients_[l + 1], d_in, nullptr, &grads, true);
+      const auto weights = matrices_by_kind(spec_, params_.w_q, params_.w_k, params_.w_v, params_.w_o,
+                                            params_.w_gate, params_.w_up, params_.w_down);
+      const auto gradient = matrices_by_kind(spec_, grads.w_q, grads.w_k, grads.w_v, grads.w_o, grads.w_gate,
+                                             grads.w_up, grads.w_down);
+      for (int i = 0; i < rates; ++i) {
+        if (!alive[i]) continue;
+        moved = params_;
+        const auto targets = matrices_by_kind(spec_, moved.w_q, moved.w_k, moved.w_v, moved.w_o, moved.w_gate,
+                                              moved.w_up, moved.w_down);
+        const Scalar eta = static_cast<Scalar>(steps[i].learning_rate);
+        for (int m = 0; m < kMatrixKindCount; ++m) {
+          if (!weights[m] || weights[m]->size() == 0) continue;
+          const Mat<Scalar>& g = *gradient[m];
+          const Mat<Scalar> delta =
+              run_.config.update == UpdateRule::adam
+                  ? Mat<Scalar>(-eta * g.array() / (g.array().abs() + static_cast<Scalar>(kAdamEpsilon)))
+                  : Mat<Scalar>(-eta * g);
+          update_loss[i][l] += (g.template cast<double>().array() * delta.template cast<double>().array()).sum();
+          step_squares[i][m] += squared(delta);
+          weight_squares[i][m] += squared(*weights[m]);
+          *targets[m] += delta;
+        }
+        checkpoint::sublayer_forward(spec_, rotary_, moved, stepped[i], moved_cache, scratch);
+        stepped[i] = scratch;
+        if (!record_moved(i, l + 1, stepped[i])) {
+          alive[i] = false;
+          steps[i].diverged_state = l + 1;
+        }
+      }
+      tick();
+    }
+    for (int i = 0; i < rates; ++i) {
+      UpdateStep& step = steps[i];
+      double first_order = 0;
+      for (const double u : update_loss[i]) first_order += u;
+      step.delta_loss_first_order = first_order;
+      auto& loss_column = result_.sublayers.at({Figure::update_loss, i + 1});
+      auto& share = result_.sublayers.at({Figure::update_loss_share, i + 1});
+      for (int l = 0; l < sublayers_; ++l) {
+        loss_column[l] = update_loss[i][l];
+        share[l] = update_loss[i][l] / first_order;
+      }
+      for (int m = 0; m < kMatrixKindCount; ++m)
+        if (weight_squares[i][m] > 0) step.step_rel[m] = std::sqrt(step_squares[i][m] / weight_squares[i][m]);
+      if (alive[i]) {
+        Mat<Scalar> y;
+        const double loss = checkpoint::head_loss<Scalar>(spec_, tensors_, run_.loss, probe_, run_.tokens, stepped[i],
+                                                          nullptr, &y);
+        step.output_update_rel = std::sqrt(squared(Mat<Scalar>(y - output_)) / squared(output_));
+        step.delta_loss = loss - figures_.loss;
+      }
+    }
+    result_.updates = std::move(steps);
+  }
+
+  // update_rms and log10_update_rel of stepped state l at learning rate i; false when not finite.
+  bool record_moved(int i, int l, const Mat<Scalar>& stepped) {
+    const double moved = squared(Mat<Scalar>(stepped - states_[l]));
+    if (!std::isfinite(moved)) return false;
+    result_.states.at({Figure::update_rms, i + 1})[l] = std::sqrt(moved / static_cast<double>(stepped.size()));
+    result_.states.at({Figure::log10_update_rel, i + 1})[l] = 0.5 * std::log10(moved / squared(states_[l]));
+    return true;
+  }
+
+  const CheckpointRun& run_;
+  const HfModelSpec& spec_;
+  const TensorStore& tensors_;
+  SeedResult& result_;
+  CheckpointFigures& figures_;
+  const ProgressCallback& progress_;
+  const int sublayers_;
+  const checkpoint::Rotary<Scalar> rotary_;
+  const Mat<Scalar> probe_;
+  long long done_ = 0;
+  std::vector<Mat<Scalar>> states_, gradients_, updates_;
+  Mat<Scalar> output_;  // y = final_norm(x_S)
+  SublayerParams<Scalar> params_;
+  SublayerCache<Scalar> cache_;
+};
+
+SeedResult empty_result(const CheckpointRun& run) {
+  const ModelConfig& config = run.config;
+  const std::size_t states = config.sublayers() + 1, subs = config.sublayers();
+  SeedResult result;
+  result.seed = config.seed;
+  result.states = allocate_figures(config, FigureAxis::state, states);
+  result.sublayers = allocate_figures(config, FigureAxis::sublayer, subs);
+  StreamFigures stream{"x", {}, {}};
+  stream.states.add(Figure::rms, states);
+  stream.states.add(Figure::log10_grad, states);
+  result.streams.push_back(std::move(stream));
+  for (int l = 0; l < config.sublayers(); ++l) {
+    result.kinds.push_back(config.sublayer_kind(l));
+    result.blocks.push_back(config.block_of(l));
+  }
+  return result;
+}
+
+}  // namespace
+
+SeedResult analyze_checkpoint(const CheckpointRun& run, const TensorStore& tensors, const ProgressCallback& progress) {
+  SeedResult result = empty_result(run);
+  CheckpointFigures& figures = result.checkpoint.emplace();
+  figures.loss_kind = run.loss;
+  figures.tokens = run.tokens;
+  figures.random_tokens = run.random_tokens;
+  if (run.config.precision == Precision::f64) {
+    CheckpointAnalysis<double>(run, tensors, result, figures, progress).run();
+  } else {
+    CheckpointAnalysis<float>(run, tensors, result, figures, progress).run();
+  }
+  return result;
+}
+
+InputGradient checkpoint_loss_and_input_gradient(const CheckpointRun& run, const TensorStore& tensors,
+                                                 const Eigen::MatrixXd* x0) {
+  const HfModelSpec& spec = run.spec;
+  const auto rotary = checkpoint::rotary_tables<double>(spec, static_cast<int>(run.tokens.size()));
+  std::vector<Mat<double>> states(spec.sublayers() + 1);
+  states[0] = x0 ? Mat<double>(*x0) : checkpoint::embed<double>(spec, tensors, run.tokens);
+  SublayerParams<double> params;
+  SublayerCache<double> cache;
+  for (int l = 0; l < spec.sublayers(); ++l) {
+    checkpoint::load_sublayer(spec, tensors, l, params);
+    checkpoint::sublayer_forward(spec, rotary, params, states[l], cache, states[l + 1]);
+  }
+  const Mat<double> probe = probe_matrix<double>(run);
+  Mat<double> gradient, scratch, below;
+  InputGradient out;
+  out.loss = checkpoint::head_loss<double>(spec, tensors, run.loss, probe, run.tokens, states.back(), &gradient, nullptr);
+  for (int l = spec.sublayers() - 1; l >= 0; --l) {
+    checkpoint::load_sublayer(spec, tensors, l, params);
+    checkpoint::sublayer_forward(spec, rotary, params, states[l], cache, scratch);
+    checkpoint::sublayer_backward<double>(spec, rotary, params, cache, gradient, below, nullptr, nullptr, false);
+    gradient = std::move(below);
+  }
+  out.gradient = gradient;
+  return out;
+}
+
+double checkpoint_memory_bytes(const HfModelSpec& spec, const ModelConfig& config, LossKind loss) {
+  const double scalar = config.precision == Precision::f64 ? 8.0 : 4.0;
+  const double T = config.seq, d = spec.hidden, S = spec.sublayers();
+  const double attention = d * (2.0 * spec.q_width() + 2.0 * spec.kv_width());
+  const double mlp = d * spec.intermediate * (spec.gated ? 3.0 : 2.0);
+  const double weights = std::max(attention, mlp) * scalar;
+  const double stored = 3.0 * (S + 1) * T * d * scalar;  // states, gradients, updates
+  const double working = T * (6.0 * std::max<double>(spec.q_width(), spec.intermediate) + spec.heads * 2.0 * T) * scalar;
+  const double logits = loss == LossKind::lm ? 3.0 * T * spec.vocab * scalar + 4.0 * 1048576.0 * scalar : 0.0;
+  // --update: a copy of the sublayer's weights per learning rate and their gradients
+  const double update = config.update_count() > 0 ? (1.0 + config.update_count()) * weights : 0.0;
+  // the mapped pages of the tensor being converted, at most its bytes in the file (BF16: 2 per entry)
+  const double pages = std::max(attention, mlp) * 2.0;
+  return stored + weights + working + logits + update + pages + 64.0 * 1048576.0;
+}
+
+}  // namespace gradflow

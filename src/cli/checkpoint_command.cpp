@@ -1,0 +1,154 @@
+// analyze --checkpoint DIR and archs --checkpoint DIR (issue 28): a trained Hugging Face model, read
+// from its safetensors files, analysed on real tokens from the language-model loss.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <map>
+
+#include "commands.hpp"
+#include "gradflow/checkpoint_files.hpp"
+#include "gradflow/errors.hpp"
+#include "gradflow/report.hpp"
+#include "gradflow/rng.hpp"
+
+namespace gradflow::cli {
+
+namespace {
+
+// Without --tokens: ids drawn uniformly from the vocabulary by the seed (not text).
+std::vector<std::int64_t> random_tokens(int count, int vocab, std::uint64_t seed) {
+  std::vector<std::int64_t> ids(count);
+  const std::uint64_t key = stream_key(seed, RandomUse::input, 2);
+  for (int t = 0; t < count; ++t)
+    ids[t] = static_cast<std::int64_t>(mix64(key + static_cast<std::uint64_t>(t)) % static_cast<std::uint64_t>(vocab));
+  return ids;
+}
+
+// What the checkpoint holds, for config.checkpoint and `archs --checkpoint`.
+nlohmann::ordered_json describe(const CheckpointFiles& files) {
+  const HfModelSpec& spec = files.spec();
+  std::map<std::string, int> dtypes;
+  for (const TensorEntry& entry : files.entries()) ++dtypes[std::string(to_string(entry.dtype))];
+  nlohmann::ordered_json doc = {{"directory", files.directory()},
+                                {"model_type", spec.model_type},
+                                {"placement", std::string(family_placement(spec.family))},
+                                {"layers", spec.layers},
+                                {"hidden_size", spec.hidden},
+                                {"heads", spec.heads},
+                                {"kv_heads", spec.kv_heads},
+                                {"head_dim", spec.head_dim},
+                                {"intermediate_size", spec.intermediate},
+                                {"vocab_size", spec.vocab},
+                                {"tied_embeddings", spec.tied},
+                                {"files", nlohmann::ordered_json::array()},
+                                {"tensor_count", files.entries().size()},
+                                {"dtypes", dtypes}};
+  for (const std::string& name : files.file_names())
+    doc["files"].push_back(std::filesystem::path(name).filename().string());
+  if (!files.ignored_tensors().empty()) doc["ignored_tensors"] = files.ignored_tensors();
+  return doc;
+}
+
+}  // namespace
+
+int run_analyze_checkpoint(const CheckpointCommand& command,
+                           const std::function<void(const AnalysisReport&, AtomicOutput&)>& write) {
+  const CheckpointFiles files(command.directory);
+  const HfModelSpec& spec = files.spec();
+  const LossKind loss = parse_loss_kind(command.loss);
+  std::vector<std::int64_t> tokens;
+  const bool random = command.tokens.empty();
+  if (random) {
+    tokens = random_tokens(command.seq, spec.vocab, command.seed);
+  } else {
+    tokens = read_token_file(command.tokens, spec.vocab);
+  }
+  const std::string origin = random ? std::string("--seq") : command.tokens;
+  if (loss == LossKind::lm && tokens.size() < 2)
+    throw InputError(fmt::format("{}: holds {} token id; the language-model loss needs at least 2 (each predicts "
+                                 "the next); give more ids, or --loss probe",
+                                 origin, tokens.size()));
+  if (spec.position_embedding && static_cast<int>(tokens.size()) > spec.max_positions)
+    throw InputError(fmt::format("{}: {} tokens are more than the {} positions of the model's position embedding "
+                                 "(config.json:n_positions); give at most {}",
+                                 origin, tokens.size(), spec.max_positions, spec.max_positions));
+  if (tokens.size() > static_cast<std::size_t>(kMaxSeq))
+    throw InputError(fmt::format("{}: {} tokens are more than gradflow's limit of {}", origin, tokens.size(), kMaxSeq));
+
+  CheckpointRun run;
+  run.spec = spec;
+  run.tokens = tokens;
+  run.random_tokens = random;
+  run.loss = loss;
+  run.config = model_config_of(spec, static_cast<int>(tokens.size()), command.model.precision, command.seed);
+  run.config.update = command.model.update;
+  run.config.learning_rates = command.model.learning_rates;
+  const double memory = checkpoint_memory_bytes(spec, run.config, loss);
+  check_memory_need(memory, 1, fmt::format("analysing {} ({} layers, width {}, {} tokens)", command.directory,
+                                           spec.layers, spec.hidden, tokens.size()),
+                    "try fewer tokens, or --precision f32");
+  const auto archs = parse_architecture_list(run.config.arch);
+  if (random && !command.quiet)
+    fmt::print(stderr,
+               "gradflow: warning: no --tokens: the {} token ids are drawn uniformly by --seed {}, not text; give "
+               "--tokens FILE for the model's behaviour on real text (docs/checkpoints.md)\n",
+               tokens.size(), command.seed);
+  AtomicOutput output(command.output);  // fails now, before any work, if the path is not writable
+
+  const auto start = std::chrono::steady_clock::now();
+  ProgressBar progress(!command.quiet && stderr_is_terminal(), "gradflow analyze --checkpoint");
+  SeedResult seed =
+      analyze_checkpoint(run, files, [&](long long done, long long total) { progress.update(done, total); });
+  progress.finish();
+
+  AnalysisReport report;
+  report.threads = 1;
+  report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.timing = !command.no_timing;
+  report.checkpoint = describe(files);
+  report.checkpoint["tokens_file"] = random ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(command.tokens);
+  report.checkpoint["loss"] = std::string(to_string(loss));
+  ArchResult result;
+  result.arch = archs.front();
+  result.config = run.config;
+  result.constants = resolve_constants(*result.arch, result.config);
+  result.seeds.push_back(std::move(seed));
+  report.results.push_back(std::move(result));
+  write(report, output);
+  return 0;
+}
+
+void print_checkpoint(const std::string& directory, const std::string& format) {
+  const CheckpointFiles files(directory);
+  const HfModelSpec& spec = files.spec();
+  nlohmann::ordered_json doc = describe(files);
+  doc["update_rule"] = spec.input_norms && !spec.output_norms ? "x <- x + F(N(x))"
+                       : spec.input_norms                     ? "x <- x + N(F(N(x)))"
+                                                              : "x <- x + N(F(x))";
+  if (format == "json") {
+    nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
+    for (const TensorEntry& entry : files.entries())
+      tensors.push_back({{"name", entry.name}, {"dtype", std::string(to_string(entry.dtype))}, {"shape", entry.shape}});
+    doc["tensors"] = tensors;
+    std::cout << doc.dump(2) << '\n';
+    return;
+  }
+  std::string dtypes;
+  for (const auto& [name, count] : doc["dtypes"].items())
+    dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", count.get<int>(), name);
+  fmt::print("checkpoint  {}\n", directory);
+  fmt::print("model_type  {} -> placement {} ({})\n", spec.model_type, std::string(family_placement(spec.family)),
+             doc["update_rule"].get<std::string>());
+  fmt::print("layers      {} ({} sublayers)\n", spec.layers, spec.sublayers());
+  fmt::print("widths      hidden {}, heads {} x {}, kv heads {}, intermediate {}, vocab {}\n", spec.hidden,
+             spec.heads, spec.head_dim, spec.kv_heads, spec.intermediate, spec.vocab);
+  fmt::print("head        {}\n", spec.tied ? "tied to the token embedding" : "its own lm_head.weight");
+  fmt::print("files       {}\n", fmt::join(doc["files"].get<std::vector<std::string>>(), ", "));
+  fmt::print("tensors     {} ({})\n", files.entries().size(), dtypes);
+  for (const TensorEntry& entry : files.entries())
+    fmt::print("  {:<52} {:<5} [{}]\n", entry.name, to_string(entry.dtype), fmt::join(entry.shape, ", "));
+}
+
+}  // namespace gradflow::cli
