@@ -464,8 +464,8 @@ Mat<Scalar> embed(const HfModelSpec& spec, const TensorStore& store, const std::
     store.read_rows(table, first, count, rows.data());
     for (Eigen::Index t = 0; t < T; ++t)
       if (tokens[t] >= first && tokens[t] < first + count) x.row(t) = rows.row(tokens[t] - first);
+    store.release(table);  // drop the pages read so far: a large vocabulary's table is never resident whole
   }
-  store.release(table);
   if (spec.position_embedding) {  // GPT2Model.forward: inputs_embeds + wpe(position_ids)
     const std::string positions = spec.tensor_prefix + "wpe.weight";
     Mat<Scalar> wpe(T, spec.hidden);
@@ -505,8 +505,8 @@ double head_loss(const HfModelSpec& spec, const TensorStore& store, LossKind los
       rows.resize(count, spec.hidden);
       store.read_rows(head, first, count, rows.data());
       logits.middleCols(first, count).noalias() = y * rows.transpose();
+      store.release(head);
     }
-    store.release(head);
     Mat<Scalar> capped;
     if (spec.final_softcap > 0) {
       const Scalar cap = static_cast<Scalar>(spec.final_softcap);
@@ -533,8 +533,8 @@ double head_loss(const HfModelSpec& spec, const TensorStore& store, LossKind los
         rows.resize(count, spec.hidden);
         store.read_rows(head, first, count, rows.data());
         d_y.noalias() += d_logits.middleCols(first, count) * rows;
+        store.release(head);
       }
-      store.release(head);
     }
   }
   if (d_x) {

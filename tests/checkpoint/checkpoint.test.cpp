@@ -1,0 +1,194 @@
+// Trained checkpoints (issue 28): the decoder's whole-stack gradient against central differences of
+// the loss in f64 for every family (acceptance 2), the layer-by-layer analysis against the
+// standalone float64 pass, and the spec's reading of config.json.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <random>
+
+#include "gradflow/checkpoint.hpp"
+#include "gradflow/errors.hpp"
+
+namespace gradflow {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// Every tensor a spec expects, drawn at random (gains near 1, biases and weights O(0.1-0.3)), in
+// memory: the TensorStore a checkpoint directory would be.
+class MemoryStore : public TensorStore {
+ public:
+  explicit MemoryStore(const HfModelSpec& spec, unsigned seed = 3) {
+    std::mt19937_64 engine(seed);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    for (const ExpectedTensor& tensor : expected_tensors(spec)) {
+      std::int64_t count = 1;
+      for (const auto size : tensor.shape) count *= size;
+      std::vector<double> values(count);
+      const bool gain = tensor.name.find("norm.weight") != std::string::npos ||
+                        (tensor.name.find("ln_") != std::string::npos && tensor.name.ends_with(".weight"));
+      const double fan_in = tensor.shape.size() > 1 ? static_cast<double>(tensor.shape.back()) : 1.0;
+      for (double& v : values) {
+        if (gain) v = (spec.gain_offset ? 0.0 : 1.0) + 0.2 * normal(engine);
+        else if (tensor.shape.size() == 1) v = 0.1 * normal(engine);
+        else v = 1.2 / std::sqrt(fan_in) * normal(engine);
+      }
+      tensors_[tensor.name] = {tensor.shape, std::move(values)};
+    }
+  }
+  void read_rows(const std::string& name, std::int64_t first, std::int64_t rows, float* out) const override {
+    copy(name, first, rows, out);
+  }
+  void read_rows(const std::string& name, std::int64_t first, std::int64_t rows, double* out) const override {
+    copy(name, first, rows, out);
+  }
+  std::vector<std::int64_t> shape(const std::string& name) const override { return tensors_.at(name).first; }
+  void release(const std::string&) const override {}
+
+ private:
+  template <typename Scalar>
+  void copy(const std::string& name, std::int64_t first, std::int64_t rows, Scalar* out) const {
+    const auto& [shape, values] = tensors_.at(name);
+    const std::int64_t row = values.size() / shape[0];
+    for (std::int64_t i = 0; i < rows * row; ++i) out[i] = static_cast<Scalar>(values[first * row + i]);
+  }
+  std::map<std::string, std::pair<std::vector<std::int64_t>, std::vector<double>>> tensors_;
+};
+
+json shared_config(const char* model_type) {
+  return {{"model_type", model_type}, {"hidden_size", 16},        {"num_hidden_layers", 3},
+          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 24},
+          {"vocab_size", 23},         {"rms_norm_eps", 1e-5},     {"rope_theta", 10000.0},
+          {"max_position_embeddings", 64}};
+}
+
+std::vector<std::pair<std::string, json>> family_configs() {
+  json gemma = shared_config("gemma2");
+  gemma["query_pre_attn_scalar"] = 6;
+  gemma["attn_logit_softcapping"] = 2.0;
+  gemma["final_logit_softcapping"] = 3.0;
+  gemma["sliding_window"] = 3;
+  json llama3 = shared_config("llama");
+  llama3["attention_bias"] = true;
+  llama3["mlp_bias"] = true;
+  llama3["tie_word_embeddings"] = true;
+  llama3["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}};
+  const json gpt2 = {{"model_type", "gpt2"}, {"n_embd", 16}, {"n_layer", 3}, {"n_head", 4},
+                     {"vocab_size", 23},     {"n_positions", 32}, {"activation_function", "gelu_new"}};
+  return {{"llama", shared_config("llama")}, {"llama+biases+llama3 rope+tied", llama3},
+          {"qwen2", shared_config("qwen2")}, {"olmo2", shared_config("olmo2")},
+          {"gemma2", gemma},                 {"gpt2", gpt2}};
+}
+
+CheckpointRun make_run(const json& config, LossKind loss) {
+  CheckpointRun run;
+  run.spec = read_hf_model_spec(config, "config.json");
+  run.tokens = {3, 17, 0, 22, 9, 9, 4};
+  run.loss = loss;
+  run.config = model_config_of(run.spec, static_cast<int>(run.tokens.size()), Precision::f64, 5);
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("every family's whole-stack gradient of the loss matches central differences in f64") {
+  for (const auto& [name, config] : family_configs()) {
+    for (const LossKind loss : {LossKind::lm, LossKind::probe}) {
+      CAPTURE(name);
+      CAPTURE(static_cast<int>(loss));
+      const CheckpointRun run = make_run(config, loss);
+      const MemoryStore store(run.spec);
+      const InputGradient exact = checkpoint_loss_and_input_gradient(run, store);
+      // x_0 rebuilt from the store (token rows, GPT-2's positions, Gemma's scale), then central
+      // differences of L along every one of its T x d = 112 entries.
+      Eigen::MatrixXd embedded = Eigen::MatrixXd::Zero(exact.gradient.rows(), exact.gradient.cols());
+      const std::string table = run.spec.family == HfFamily::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
+      for (Eigen::Index t = 0; t < embedded.rows(); ++t) {
+        Eigen::RowVectorXd row(embedded.cols());
+        store.read_rows(table, run.tokens[t], 1, row.data());
+        embedded.row(t) = row;
+      }
+      if (run.spec.position_embedding) {
+        Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> wpe(embedded.rows(), embedded.cols());
+        store.read_rows("wpe.weight", 0, embedded.rows(), wpe.data());
+        embedded += wpe;
+      }
+      embedded *= run.spec.embedding_scale;
+      const InputGradient from_x0 = checkpoint_loss_and_input_gradient(run, store, &embedded);
+      CHECK(from_x0.loss == doctest::Approx(exact.loss).epsilon(1e-14));
+      Eigen::MatrixXd numeric(embedded.rows(), embedded.cols());
+      constexpr double h = 1e-5;
+      for (Eigen::Index i = 0; i < embedded.size(); ++i) {
+        Eigen::MatrixXd plus = embedded, minus = embedded;
+        plus.data()[i] += h;
+        minus.data()[i] -= h;
+        numeric.data()[i] = (checkpoint_loss_and_input_gradient(run, store, &plus).loss -
+                             checkpoint_loss_and_input_gradient(run, store, &minus).loss) /
+                            (2 * h);
+      }
+      const double error = (numeric - from_x0.gradient).norm() / from_x0.gradient.norm();
+      MESSAGE(name, " loss ", static_cast<int>(loss), ": relative error ", error);
+      CHECK(error < 1e-6);
+      CHECK(from_x0.gradient.norm() > 0);
+    }
+  }
+}
+
+TEST_CASE("the layer-by-layer analysis reports the standalone pass's loss and gradient") {
+  for (const auto& [name, config] : family_configs()) {
+    CAPTURE(name);
+    const CheckpointRun run = make_run(config, LossKind::lm);
+    const MemoryStore store(run.spec);
+    const InputGradient exact = checkpoint_loss_and_input_gradient(run, store);
+    const SeedResult result = analyze_checkpoint(run, store);
+    REQUIRE(result.checkpoint.has_value());
+    CHECK(result.checkpoint->loss == doctest::Approx(exact.loss).epsilon(1e-13));
+    CHECK(result.states.at(Figure::log10_grad)[0] ==
+          doctest::Approx(std::log10(exact.gradient.norm())).epsilon(1e-12));
+    CHECK(result.checkpoint->angular_distance.size() == 3);
+    for (const double a : result.checkpoint->angular_distance) CHECK((a >= 0 && a <= 1));
+    // the gains multiply up to the whole ratio
+    const auto& gain = result.sublayers.at(Figure::gain);
+    double log_product = 0;
+    for (const double g : gain) log_product += std::log10(g);
+    CHECK(log_product == doctest::Approx(result.log10_grad_ratio).epsilon(1e-10));
+  }
+}
+
+TEST_CASE("--update on a checkpoint: the first-order change of the loss predicts the measured one") {
+  const CheckpointRun base = make_run(shared_config("llama"), LossKind::lm);
+  const MemoryStore store(base.spec);
+  for (const UpdateRule rule : {UpdateRule::sgd, UpdateRule::adam}) {
+    CheckpointRun run = base;
+    run.config.update = rule;
+    run.config.learning_rates = {1e-7, 1e-6};
+    const SeedResult result = analyze_checkpoint(run, store);
+    REQUIRE(result.updates.size() == 2);
+    for (const UpdateStep& step : result.updates) {
+      CAPTURE(step.learning_rate);
+      CHECK(step.delta_loss < 0);  // a small step down the gradient lowers the loss
+      CHECK(step.delta_loss == doctest::Approx(step.delta_loss_first_order).epsilon(1e-3));
+      CHECK(step.diverged_state == -1);
+    }
+    // second order: ten times the step, ten times the change (to first order)
+    CHECK(result.updates[1].delta_loss / result.updates[0].delta_loss == doctest::Approx(10.0).epsilon(1e-3));
+  }
+}
+
+TEST_CASE("config.json: unsupported families and rope scalings are refused naming the key") {
+  json config = shared_config("mamba");
+  CHECK_THROWS_WITH_AS(read_hf_model_spec(config, "c.json"), doctest::Contains("model_type"), InputError);
+  config = shared_config("llama");
+  config["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  CHECK_THROWS_WITH_AS(read_hf_model_spec(config, "c.json"), doctest::Contains("rope_scaling"), InputError);
+  config = shared_config("llama");
+  config["num_key_value_heads"] = 3;
+  CHECK_THROWS_WITH_AS(read_hf_model_spec(config, "c.json"), doctest::Contains("num_key_value_heads"), InputError);
+  const HfModelSpec gemma = read_hf_model_spec(family_configs()[4].second, "c.json");
+  CHECK(gemma.sliding_window == std::vector<int>{3, 0, 3});  // Gemma2Config: even layers slide
+  CHECK(gemma.tied);
+  CHECK(gemma.embedding_scale == doctest::Approx(4.0));
+}
+
+}  // namespace gradflow
