@@ -163,6 +163,19 @@ std::string configuration_line(const AnalysisReport& report) {
   const std::string seed_text =
       seeds == 1 ? fmt::format("seed {}", first.seeds.front().seed)
                  : fmt::format("seeds {}..{}", first.seeds.front().seed, first.seeds.back().seed);
+  if (first.seeds.front().checkpoint && report.checkpoint.is_object()) {  // --checkpoint: the model, not an init
+    const CheckpointFigures& figures = *first.seeds.front().checkpoint;
+    const auto& described = report.checkpoint;
+    const auto& angular = figures.angular_distance;
+    const auto [lowest, highest] = std::minmax_element(angular.begin(), angular.end());
+    return fmt::format(
+        "checkpoint {} ({}, {} layers), width {}, heads {}, {} tokens ({}), {}\n"
+        "{} loss {:.6g}; layers' angular distance at the last token: min {:.4f}@{}, max {:.4f}@{}",
+        described.value("directory", ""), described.value("model_type", ""), c.blocks, c.width, c.heads, c.seq,
+        figures.random_tokens ? fmt::format("drawn by seed {}", first.seeds.front().seed) : "from --tokens",
+        to_string(c.precision), figures.loss_kind == LossKind::lm ? "LM" : "probe", figures.loss, *lowest,
+        lowest - angular.begin(), *highest, highest - angular.begin());
+  }
   return fmt::format("depth {} blocks ({}), width {}, heads {}, seq {}, norm {}, init {}, {}{}, {}", c.blocks,
                      to_string(c.block), c.width, c.heads, c.seq, to_string(c.norm), init_text(c),
                      to_string(c.precision), c.branch == BranchKind::rotation ? ", ideal branch" : "",
@@ -192,8 +205,10 @@ std::string update_lines(const AnalysisReport& report) {
   if (config.update == UpdateRule::none) return {};
   std::size_t arch_width = 0;
   for (const ArchResult& result : report.results) arch_width = std::max(arch_width, result.arch->id.size());
-  std::string text =
-      fmt::format("one {} step on the probe loss (mean over seeds):\n", to_string(config.update));
+  const auto& first_seed = report.results.front().seeds.front();
+  const bool lm = first_seed.checkpoint && first_seed.checkpoint->loss_kind == LossKind::lm;
+  std::string text = fmt::format("one {} step on the {} loss (mean over seeds):\n", to_string(config.update),
+                                 lm ? "language-model" : "probe");
   for (const ArchResult& result : report.results) {
     for (std::size_t i = 0; i < config.learning_rates.size(); ++i) {
       std::vector<double> moved, measured, predicted;
