@@ -22,7 +22,7 @@ BINARY = sys.argv[1] if len(sys.argv) > 1 else "build/gradflow"
 DOCS = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__), "..", "..", "docs")
 SMALL = ["--width", "16", "--heads", "2", "--seq", "4", "-q"]
 # Keys whose names are data, not fields: the stream names and the constants' names.
-DATA_KEYED = {"streams", "stream_growth", "constants"}
+DATA_KEYED = {"streams", "stream_growth", "constants", "dtypes"}  # dtypes: count per dtype name
 
 
 def documented_names():
@@ -125,6 +125,26 @@ def every_sweep_and_check_field_is_documented():
         found |= json_keys(json.loads(run("archs", "--format", "json")))
     missing = undocumented(found)
     assert not missing, f"sweep, check or archs fields without an entry in docs/: {missing}"
+
+
+@test
+def every_checkpoint_field_is_documented():
+    """analyze --checkpoint (issue 28): config.checkpoint, seeds[].checkpoint, the CSV's columns, and
+    archs --checkpoint --format json, on a tiny GPT-2 checkpoint with the hub's mask buffers."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+    from make_checkpoints import make_checkpoint
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = os.path.join(tmp, "ck")
+        make_checkpoint(directory, "gpt2", hub_buffers=True)
+        args = ["--checkpoint", directory, "--seq", "6", "-q", "--update", "adam"]
+        document = json.loads(run("analyze", *args, "--format", "json"))
+        found = json_keys(document)
+        assert {"angular_distance", "tokens_file", "ignored_tensors", "random_tokens"} <= found, found
+        found |= set(next(csv.reader(io.StringIO(run("analyze", *args, "--format", "csv")))))
+        found |= json_keys(json.loads(run("archs", "--checkpoint", directory, "--format", "json")))
+        found = {canonical(name) for name in found}
+    missing = undocumented(found)
+    assert not missing, f"checkpoint fields without an entry in docs/: {missing}"
 
 
 @test
