@@ -86,9 +86,8 @@ std::string_view family_placement(HfFamily family);
 
 // The checkpoint's tensors, converted on request. Rows are the first dimension (1-D tensors
 // are one row); the values are written row-major into `out`. Implementations validate names,
-// shapes and values (a NaN or infinite entry is an InputError naming the tensor) and may drop
-// what they read from memory after each call (release), so that a pass over the model holds a
-// few tensors at a time.
+// shapes and values (a NaN or infinite entry is an InputError naming the tensor) and hold nothing
+// of a tensor after the call, so that a pass over the model holds one sublayer's weights.
 class TensorStore {
  public:
   virtual ~TensorStore() = default;
@@ -97,7 +96,6 @@ class TensorStore {
   virtual void read_rows(const std::string& name, std::int64_t first_row, std::int64_t rows,
                          double* out) const = 0;
   virtual std::vector<std::int64_t> shape(const std::string& name) const = 0;
-  virtual void release(const std::string& name) const = 0;
 };
 
 struct CheckpointRun {

@@ -1,8 +1,8 @@
 // A Hugging Face checkpoint directory on disk (issue 28): config.json, and model.safetensors or the
 // shards a model.safetensors.index.json names, memory-mapped. Every header, offset, dtype and shape
 // is validated against the file sizes and the config before any tensor is read; tensors are
-// converted on request and their pages dropped after (TensorStore), so that a pass over the model
-// holds a few tensors at a time.
+// converted on request from a mapping of just their rows, unmapped after (TensorStore), so that a
+// pass over the model holds one sublayer's weights.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -27,8 +27,24 @@ struct TensorEntry {
   int file = 0;                      // index into the checkpoint's files
 };
 
-// One memory-mapped safetensors file: header parsed and checked (offsets inside the file,
-// contiguous, without overlap or gap, byte counts matching shape x dtype).
+// Bytes of a file mapped read-only for as long as the object lives (munmap drops the pages).
+class MappedRange {
+ public:
+  MappedRange(int fd, std::uint64_t offset, std::uint64_t length, const std::string& path);
+  ~MappedRange();
+  MappedRange(const MappedRange&) = delete;
+  MappedRange& operator=(const MappedRange&) = delete;
+  const unsigned char* data() const { return data_; }
+
+ private:
+  void* mapping_ = nullptr;
+  std::size_t mapped_ = 0;
+  const unsigned char* data_ = nullptr;
+};
+
+// One safetensors file: header read and checked (offsets inside the file, contiguous, without
+// overlap or gap, byte counts matching shape x dtype). The data section is memory-mapped a range at
+// a time (map), so that neither the address space nor the resident set ever holds the whole file.
 class SafetensorsFile {
  public:
   // Throws InputError naming `path` (and the tensor) for anything malformed.
@@ -39,15 +55,13 @@ class SafetensorsFile {
 
   const std::string& path() const { return path_; }
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
-  const unsigned char* data() const { return data_; }
-  // Drops the pages of bytes [begin, end) of the data section from this process's memory.
-  void release(std::uint64_t begin, std::uint64_t end) const;
+  // Bytes [begin, end) of the data section, mapped until the returned object is destroyed.
+  MappedRange map(std::uint64_t begin, std::uint64_t end) const;
 
  private:
   std::string path_;
-  void* mapping_ = nullptr;
-  std::uint64_t size_ = 0;
-  const unsigned char* data_ = nullptr;  // the data section
+  int fd_ = -1;
+  std::uint64_t size_ = 0, data_offset_ = 0;
   std::vector<TensorEntry> tensors_;
 };
 
@@ -70,7 +84,6 @@ class CheckpointFiles : public TensorStore {
   void read_rows(const std::string& name, std::int64_t first_row, std::int64_t rows, float* out) const override;
   void read_rows(const std::string& name, std::int64_t first_row, std::int64_t rows, double* out) const override;
   std::vector<std::int64_t> shape(const std::string& name) const override;
-  void release(const std::string& name) const override;
 
  private:
   const TensorEntry& entry(const std::string& name) const;

@@ -229,10 +229,6 @@ const TensorEntry& CheckpointFiles::entry(const std::string& name) const {
 
 std::vector<std::int64_t> CheckpointFiles::shape(const std::string& name) const { return entry(name).shape; }
 
-void CheckpointFiles::release(const std::string& name) const {
-  const TensorEntry& found = entry(name);
-  files_[found.file]->release(found.begin, found.end);
-}
 
 template <typename Scalar>
 void CheckpointFiles::convert(const std::string& name, std::int64_t first_row, std::int64_t rows,
@@ -244,9 +240,10 @@ void CheckpointFiles::convert(const std::string& name, std::int64_t first_row, s
   if (first_row < 0 || rows < 0 || first_row + rows > total_rows)
     throw std::logic_error("checkpoint rows out of range: " + name);
   const std::size_t size = found.dtype == TensorDtype::f64 ? 8 : found.dtype == TensorDtype::f32 ? 4 : 2;
-  const unsigned char* bytes =
-      files_[found.file]->data() + found.begin + static_cast<std::uint64_t>(first_row * row_length) * size;
   const std::int64_t count = rows * row_length;
+  const std::uint64_t first_byte = found.begin + static_cast<std::uint64_t>(first_row * row_length) * size;
+  const MappedRange mapped = files_[found.file]->map(first_byte, first_byte + static_cast<std::uint64_t>(count) * size);
+  const unsigned char* bytes = mapped.data();
   for (std::int64_t i = 0; i < count; ++i, bytes += size) {
     double value;
     switch (found.dtype) {

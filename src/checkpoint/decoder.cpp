@@ -20,7 +20,6 @@ Mat<Scalar> read_matrix(const TensorStore& store, const std::string& name) {
   const auto shape = store.shape(name);
   Mat<Scalar> m(shape[0], shape.size() > 1 ? shape[1] : 1);
   store.read_rows(name, 0, shape[0], m.data());
-  store.release(name);
   return m;
 }
 template <typename Scalar>
@@ -28,7 +27,6 @@ Vec<Scalar> read_vector(const TensorStore& store, const std::string& name) {
   const auto shape = store.shape(name);
   Vec<Scalar> v(shape[0]);
   store.read_rows(name, 0, shape[0], v.data());
-  store.release(name);
   return v;
 }
 // A norm's gain (Gemma2RMSNorm: 1 + w) and LayerNorm's bias.
@@ -464,13 +462,11 @@ Mat<Scalar> embed(const HfModelSpec& spec, const TensorStore& store, const std::
     store.read_rows(table, first, count, rows.data());
     for (Eigen::Index t = 0; t < T; ++t)
       if (tokens[t] >= first && tokens[t] < first + count) x.row(t) = rows.row(tokens[t] - first);
-    store.release(table);  // drop the pages read so far: a large vocabulary's table is never resident whole
   }
   if (spec.position_embedding) {  // GPT2Model.forward: inputs_embeds + wpe(position_ids)
     const std::string positions = spec.tensor_prefix + "wpe.weight";
     Mat<Scalar> wpe(T, spec.hidden);
     store.read_rows(positions, 0, T, wpe.data());
-    store.release(positions);
     x += wpe;
   }
   // Gemma2Model.forward: hidden_states * normalizer, normalizer = hidden_size ** 0.5 in the model's dtype
@@ -505,7 +501,6 @@ double head_loss(const HfModelSpec& spec, const TensorStore& store, LossKind los
       rows.resize(count, spec.hidden);
       store.read_rows(head, first, count, rows.data());
       logits.middleCols(first, count).noalias() = y * rows.transpose();
-      store.release(head);
     }
     Mat<Scalar> capped;
     if (spec.final_softcap > 0) {
@@ -533,7 +528,6 @@ double head_loss(const HfModelSpec& spec, const TensorStore& store, LossKind los
         rows.resize(count, spec.hidden);
         store.read_rows(head, first, count, rows.data());
         d_y.noalias() += d_logits.middleCols(first, count) * rows;
-        store.release(head);
       }
     }
   }

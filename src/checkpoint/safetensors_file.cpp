@@ -76,38 +76,70 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 
 }  // namespace
 
+MappedRange::MappedRange(int fd, std::uint64_t offset, std::uint64_t length, const std::string& path) {
+  if (length == 0) return;
+  // mmap needs a page-aligned file offset: map from the page holding `offset`.
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t start = offset / page * page;
+  mapped_ = static_cast<std::size_t>(offset - start + length);
+  mapping_ = ::mmap(nullptr, mapped_, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(start));
+  if (mapping_ == MAP_FAILED) {
+    mapping_ = nullptr;
+    throw InputError(fmt::format("{}: {} bytes of it cannot be mapped into memory ({}); raise the address-space "
+                                 "limit (ulimit -v) or free memory",
+                                 path, length, std::strerror(errno)));
+  }
+  data_ = static_cast<const unsigned char*>(mapping_) + (offset - start);
+}
+
+MappedRange::~MappedRange() {
+  if (mapping_) ::munmap(mapping_, mapped_);
+}
+
+MappedRange SafetensorsFile::map(std::uint64_t begin, std::uint64_t end) const {
+  return MappedRange(fd_, data_offset_ + begin, end - begin, path_);
+}
+
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   // O_NONBLOCK: a FIFO given as a checkpoint file is refused below instead of blocking the open.
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw InputError(fmt::format("{}: cannot be opened ({})", path_, std::strerror(errno)));
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd_ < 0) throw InputError(fmt::format("{}: cannot be opened ({})", path_, std::strerror(errno)));
   struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    ::close(fd);
+  if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd_);
     throw InputError(fmt::format("{}: is not a regular file; a checkpoint's tensors are .safetensors files", path_));
   }
   size_ = static_cast<std::uint64_t>(info.st_size);
-  if (size_ < 8) {
-    ::close(fd);
-    throw InputError(fmt::format("{}: is {} bytes, shorter than the 8-byte header length of a safetensors file "
-                                 "(truncated?)",
-                                 path_, size_));
-  }
-  mapping_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (mapping_ == MAP_FAILED) {
-    mapping_ = nullptr;
-    throw InputError(fmt::format("{}: cannot be mapped into memory ({})", path_, std::strerror(errno)));
-  }
-  const auto* bytes = static_cast<const unsigned char*>(mapping_);
+  const auto fail_closed = [this](const std::string& message) {
+    ::close(fd_);
+    fd_ = -1;
+    throw InputError(message);
+  };
+  if (size_ < 8)
+    fail_closed(fmt::format("{}: is {} bytes, shorter than the 8-byte header length of a safetensors file "
+                            "(truncated?)",
+                            path_, size_));
+  unsigned char length[8];
+  if (::pread(fd_, length, 8, 0) != 8) fail_closed(fmt::format("{}: cannot be read ({})", path_, std::strerror(errno)));
   std::uint64_t header_bytes = 0;
-  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | bytes[i];  // little-endian
+  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length[i];  // little-endian
   if (header_bytes < 2 || header_bytes > size_ - 8 || header_bytes > kMaxHeaderBytes) {
-    throw InputError(fmt::format("{}: the header length {} does not fit: the file has {} bytes after the "
-                                 "length, and a header is 2 to {} bytes of JSON (truncated or not safetensors?)",
-                                 path_, header_bytes, size_ - 8, kMaxHeaderBytes));
+    fail_closed(fmt::format("{}: the header length {} does not fit: the file has {} bytes after the "
+                            "length, and a header is 2 to {} bytes of JSON (truncated or not safetensors?)",
+                            path_, header_bytes, size_ - 8, kMaxHeaderBytes));
   }
-  const std::string_view header(reinterpret_cast<const char*>(bytes + 8), header_bytes);
-  data_ = bytes + 8 + header_bytes;
+  std::string header_text(header_bytes, '\0');
+  std::uint64_t got = 0;
+  while (got < header_bytes) {
+    const ssize_t count = ::pread(fd_, header_text.data() + got, header_bytes - got, static_cast<off_t>(8 + got));
+    if (count < 0 && errno == EINTR) continue;
+    if (count <= 0) fail_closed(fmt::format("{}: cannot read its header ({})", path_, std::strerror(errno)));
+    got += static_cast<std::uint64_t>(count);
+  }
+  ::close(fd_);  // reopened below once the header is valid; every throw until then leaves nothing open
+  fd_ = -1;
+  data_offset_ = 8 + header_bytes;
+  const std::string_view header(header_text);
   const std::uint64_t data_bytes = size_ - 8 - header_bytes;
   if (nesting_depth(header) > kMaxHeaderNesting)
     throw InputError(fmt::format("{}: the header nests deeper than a safetensors header does", path_));
@@ -203,19 +235,12 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     throw InputError(fmt::format("{}: the data section has {} bytes after the last tensor{}", path_,
                                  data_bytes - covered,
                                  previous ? fmt::format(" ('{}')", previous->name) : std::string()));
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd_ < 0) throw InputError(fmt::format("{}: cannot be opened ({})", path_, std::strerror(errno)));
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (mapping_) ::munmap(mapping_, size_);
-}
-
-void SafetensorsFile::release(std::uint64_t begin, std::uint64_t end) const {
-  // Whole pages only: madvise needs a page-aligned start; a neighbour's page dropped with it is
-  // read again from the file when next needed.
-  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto first = reinterpret_cast<std::uintptr_t>(data_ + begin) / page * page;
-  const auto last = reinterpret_cast<std::uintptr_t>(data_ + end);
-  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace gradflow

@@ -163,7 +163,7 @@ std::string configuration_line(const AnalysisReport& report) {
   const std::string seed_text =
       seeds == 1 ? fmt::format("seed {}", first.seeds.front().seed)
                  : fmt::format("seeds {}..{}", first.seeds.front().seed, first.seeds.back().seed);
-  if (first.seeds.front().checkpoint && report.checkpoint.is_object()) {  // --checkpoint: the model, not an init
+  if (!first.seeds.empty() && first.seeds.front().checkpoint && report.checkpoint.is_object()) {  // --checkpoint: the model, not an init
     const CheckpointFigures& figures = *first.seeds.front().checkpoint;
     const auto& described = report.checkpoint;
     const auto& angular = figures.angular_distance;
@@ -205,8 +205,8 @@ std::string update_lines(const AnalysisReport& report) {
   if (config.update == UpdateRule::none) return {};
   std::size_t arch_width = 0;
   for (const ArchResult& result : report.results) arch_width = std::max(arch_width, result.arch->id.size());
-  const auto& first_seed = report.results.front().seeds.front();
-  const bool lm = first_seed.checkpoint && first_seed.checkpoint->loss_kind == LossKind::lm;
+  const auto& seeds = report.results.front().seeds;
+  const bool lm = !seeds.empty() && seeds.front().checkpoint && seeds.front().checkpoint->loss_kind == LossKind::lm;
   std::string text = fmt::format("one {} step on the {} loss (mean over seeds):\n", to_string(config.update),
                                  lm ? "language-model" : "probe");
   for (const ArchResult& result : report.results) {

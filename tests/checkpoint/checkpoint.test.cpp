@@ -43,7 +43,6 @@ class MemoryStore : public TensorStore {
     copy(name, first, rows, out);
   }
   std::vector<std::int64_t> shape(const std::string& name) const override { return tensors_.at(name).first; }
-  void release(const std::string&) const override {}
 
  private:
   template <typename Scalar>
