@@ -119,7 +119,9 @@ InputGradient checkpoint_loss_and_input_gradient(const CheckpointRun& run, const
                                                  const Eigen::MatrixXd* x0 = nullptr);
 
 // Bytes the analysis holds at peak: the stored states and their gradients, one sublayer's
-// weights and working set (twice with --update), the logits, and the largest tensor's pages.
-double checkpoint_memory_bytes(const HfModelSpec& spec, const ModelConfig& config, LossKind loss);
+// weights and working set (with --update, a stepped copy per learning rate), the logits, and the
+// mapped pages of the largest tensor (`largest_tensor_file_bytes`, its size in the file).
+double checkpoint_memory_bytes(const HfModelSpec& spec, const ModelConfig& config, LossKind loss,
+                               double largest_tensor_file_bytes);
 
 }  // namespace gradflow

@@ -14,14 +14,16 @@
 
 namespace gradflow {
 
-// The element types the reader converts; others are refused naming the tensor.
-enum class TensorDtype { f64, f32, f16, bf16 };
+// The element types the reader converts; `other` (integers, booleans, 8-bit floats) is accepted
+// in a file only for tensors gradflow does not read (buffers), and refused naming the tensor else.
+enum class TensorDtype { f64, f32, f16, bf16, other };
 std::string_view to_string(TensorDtype value);
 
 // One tensor of a mapped safetensors file.
 struct TensorEntry {
   std::string name;
   TensorDtype dtype = TensorDtype::f32;
+  std::string dtype_name;  // as the header writes it ("BF16", "I64")
   std::vector<std::int64_t> shape;
   std::uint64_t begin = 0, end = 0;  // offsets into the data section
   int file = 0;                      // index into the checkpoint's files
@@ -59,8 +61,14 @@ class SafetensorsFile {
   MappedRange map(std::uint64_t begin, std::uint64_t end) const;
 
  private:
+  // The descriptor validated, kept open: the file is never reopened by path, and a change of its
+  // size since validation is an InputError at the next read instead of a SIGBUS.
+  struct Descriptor {
+    int fd = -1;
+    ~Descriptor();
+  };
   std::string path_;
-  int fd_ = -1;
+  Descriptor descriptor_;
   std::uint64_t size_ = 0, data_offset_ = 0;
   std::vector<TensorEntry> tensors_;
 };
@@ -79,6 +87,7 @@ class CheckpointFiles : public TensorStore {
   std::vector<std::string> file_names() const;
   const std::vector<TensorEntry>& entries() const { return entries_; }
   std::vector<std::string> ignored_tensors() const { return ignored_; }
+  // The largest tensor read whole (embeddings and the LM head are read in chunks), in file bytes.
   std::uint64_t largest_tensor_bytes() const { return largest_bytes_; }
 
   void read_rows(const std::string& name, std::int64_t first_row, std::int64_t rows, float* out) const override;

@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 #include "../science/summary.hpp"
@@ -25,7 +26,7 @@ using checkpoint::SublayerCache;
 using checkpoint::SublayerGradients;
 using checkpoint::SublayerParams;
 
-constexpr double kLn10 = std::numbers::ln10;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kAdamEpsilon = 1e-8;  // metrics.md: Adam's first step -eta g / (|g| + 1e-8)
 
 template <typename Scalar>
@@ -137,23 +138,25 @@ class CheckpointAnalysis {
     auto& erank = result_.states.at(Figure::erank);
     auto& angle = result_.sublayers.at(Figure::angle);
     auto& influence = result_.sublayers.at(Figure::block_influence);
-    std::vector<Eigen::MatrixXd> units(sublayers_ + 1);
+    // Unit rows of three consecutive states at a time (l - 2, l - 1, l): enough for the angle of
+    // sublayer l - 1 and the angular distance of the layer ending at state l.
+    std::array<Eigen::MatrixXd, 3> units;
+    const Eigen::Index last = states_[0].rows() - 1;
+    figures_.angular_distance.assign(spec_.layers, 0.0);
     for (int l = 0; l <= sublayers_; ++l) {
       const Eigen::MatrixXd rows = states_[l].template cast<double>();
-      units[l] = unit_rows(rows);
-      token_cos[l] = mean_token_cosine(units[l]);
+      Eigen::MatrixXd& unit = units[l % 3];
+      unit = unit_rows(rows);
+      token_cos[l] = mean_token_cosine(unit);
       erank[l] = effective_rank(rows);
-    }
-    for (int l = 0; l < sublayers_; ++l) {
-      angle[l] = mean_angular_distance(units[l], units[l + 1]);
-      influence[l] = 1.0 - (units[l].array() * units[l + 1].array()).rowwise().sum().mean();
-    }
-    const Eigen::Index last = units[0].rows() - 1;
-    figures_.angular_distance.assign(spec_.layers, 0.0);
-    for (int i = 0; i < spec_.layers; ++i) {
-      const double cosine =
-          std::clamp(units[2 * i].row(last).dot(units[2 * i + 2].row(last)), -1.0, 1.0);
-      figures_.angular_distance[i] = std::acos(cosine) / std::numbers::pi;
+      if (l == 0) continue;
+      const Eigen::MatrixXd& previous = units[(l - 1) % 3];
+      angle[l - 1] = mean_angular_distance(previous, unit);
+      influence[l - 1] = 1.0 - (previous.array() * unit.array()).rowwise().sum().mean();
+      if (l % 2 == 0) {  // layer l/2 - 1 maps state l - 2 to state l
+        const double cosine = std::clamp(units[(l - 2) % 3].row(last).dot(unit.row(last)), -1.0, 1.0);
+        figures_.angular_distance[l / 2 - 1] = std::acos(cosine) / std::numbers::pi;
+      }
     }
   }
 
@@ -198,10 +201,14 @@ class CheckpointAnalysis {
       sum_sq += share[l] * share[l];
     }
     result_.effective_depth = 1.0 / sum_sq;
-    // x_S = x_0 + sum_l update_l: the input's share of the final state
-    const Mat<Scalar>& top = states_.back();
-    result_.stream_decomposition_input =
-        (states_[0].template cast<double>().array() * top.template cast<double>().array()).sum() / squared(top);
+    // x_S = x_0 + sum_l update_l (every family's stream is additive): each part's share
+    // <part, x_S> / ||x_S||^2 of the final state; the shares sum to 1
+    const Mat<double> top = states_.back().template cast<double>();
+    const double top_squared = top.squaredNorm();
+    result_.stream_decomposition_input = (states_[0].template cast<double>().array() * top.array()).sum() / top_squared;
+    auto& decomposition = result_.sublayers.at(Figure::stream_decomposition);
+    for (int l = 0; l < sublayers_; ++l)
+      decomposition[l] = (updates_[l].template cast<double>().array() * top.array()).sum() / top_squared;
   }
 
   // One optimizer step on the loss from the trained weights, per learning rate: each sublayer's
@@ -214,7 +221,8 @@ class CheckpointAnalysis {
     std::vector<std::array<double, kMatrixKindCount>> step_squares(rates), weight_squares(rates);
     for (auto& s : step_squares) s.fill(0.0);
     for (auto& s : weight_squares) s.fill(0.0);
-    std::vector<std::vector<double>> update_loss(rates, std::vector<double>(sublayers_, 0.0));
+    // NaN where a learning rate's stepped stream had diverged (metrics.md: its later figures are null)
+    std::vector<std::vector<double>> update_loss(rates, std::vector<double>(sublayers_, kNaN));
     std::vector<bool> alive(rates, true);
     SublayerGradients<Scalar> grads;
     SublayerParams<Scalar> moved;
@@ -238,6 +246,7 @@ class CheckpointAnalysis {
         const auto targets = matrices_by_kind(spec_, moved.w_q, moved.w_k, moved.w_v, moved.w_o, moved.w_gate,
                                               moved.w_up, moved.w_down);
         const Scalar eta = static_cast<Scalar>(steps[i].learning_rate);
+        update_loss[i][l] = 0.0;
         for (int m = 0; m < kMatrixKindCount; ++m) {
           if (!weights[m] || weights[m]->size() == 0) continue;
           const Mat<Scalar>& g = *gradient[m];
@@ -261,24 +270,28 @@ class CheckpointAnalysis {
     }
     for (int i = 0; i < rates; ++i) {
       UpdateStep& step = steps[i];
+      auto& loss_column = result_.sublayers.at({Figure::update_loss, i + 1});
+      for (int l = 0; l < sublayers_; ++l) loss_column[l] = update_loss[i][l];
+      // A diverged rate reports where it diverged and the states before it; its run figures
+      // (sums over the whole stack) stay null, as analyze's do.
+      if (!alive[i]) continue;
       double first_order = 0;
       for (const double u : update_loss[i]) first_order += u;
       step.delta_loss_first_order = first_order;
-      auto& loss_column = result_.sublayers.at({Figure::update_loss, i + 1});
       auto& share = result_.sublayers.at({Figure::update_loss_share, i + 1});
-      for (int l = 0; l < sublayers_; ++l) {
-        loss_column[l] = update_loss[i][l];
-        share[l] = update_loss[i][l] / first_order;
-      }
+      for (int l = 0; l < sublayers_; ++l) share[l] = update_loss[i][l] / first_order;
       for (int m = 0; m < kMatrixKindCount; ++m)
         if (weight_squares[i][m] > 0) step.step_rel[m] = std::sqrt(step_squares[i][m] / weight_squares[i][m]);
-      if (alive[i]) {
-        Mat<Scalar> y;
-        const double loss = checkpoint::head_loss<Scalar>(spec_, tensors_, run_.loss, probe_, run_.tokens, stepped[i],
-                                                          nullptr, &y);
-        step.output_update_rel = std::sqrt(squared(Mat<Scalar>(y - output_)) / squared(output_));
-        step.delta_loss = loss - figures_.loss;
-      }
+      Mat<Scalar> y;
+      const double loss = checkpoint::head_loss<Scalar>(spec_, tensors_, run_.loss, probe_, run_.tokens, stepped[i],
+                                                        nullptr, &y);
+      const Mat<double> moved = y.template cast<double>() - output_.template cast<double>();
+      step.output_update_rel = std::sqrt(moved.squaredNorm() / squared(output_));
+      // The probe loss is linear in y: its change is sum(U * (y' - y)), formed so that no digits
+      // cancel (as analyze's); the LM loss's change is L' - L, each summed in double.
+      step.delta_loss = run_.loss == LossKind::probe
+                            ? (probe_.template cast<double>().array() * moved.array()).sum()
+                            : loss - figures_.loss;
     }
     result_.updates = std::move(steps);
   }
@@ -368,20 +381,25 @@ InputGradient checkpoint_loss_and_input_gradient(const CheckpointRun& run, const
   return out;
 }
 
-double checkpoint_memory_bytes(const HfModelSpec& spec, const ModelConfig& config, LossKind loss) {
+double checkpoint_memory_bytes(const HfModelSpec& spec, const ModelConfig& config, LossKind loss,
+                               double largest_tensor_file_bytes) {
   const double scalar = config.precision == Precision::f64 ? 8.0 : 4.0;
   const double T = config.seq, d = spec.hidden, S = spec.sublayers();
   const double attention = d * (2.0 * spec.q_width() + 2.0 * spec.kv_width());
   const double mlp = d * spec.intermediate * (spec.gated ? 3.0 : 2.0);
   const double weights = std::max(attention, mlp) * scalar;
   const double stored = 3.0 * (S + 1) * T * d * scalar;  // states, gradients, updates
-  const double working = T * (6.0 * std::max<double>(spec.q_width(), spec.intermediate) + spec.heads * 2.0 * T) * scalar;
+  const double representation = 4.0 * T * d * 8.0 + 3.0 * T * T * 8.0;  // three states' unit rows, erank's Gram
+  // a sublayer's cache (projections, hidden units, one T x T matrix per head, soft-capped twice)
+  const double cache = T * (6.0 * std::max<double>(spec.q_width(), spec.intermediate) + spec.heads * 2.0 * T) * scalar;
   const double logits = loss == LossKind::lm ? 3.0 * T * spec.vocab * scalar + 4.0 * 1048576.0 * scalar : 0.0;
-  // --update: a copy of the sublayer's weights per learning rate and their gradients
-  const double update = config.update_count() > 0 ? (1.0 + config.update_count()) * weights : 0.0;
-  // the mapped pages of the tensor being converted, at most its bytes in the file (BF16: 2 per entry)
-  const double pages = std::max(attention, mlp) * 2.0;
-  return stored + weights + working + logits + update + pages + 64.0 * 1048576.0;
+  // --update: the gradients, a stepped copy of the weights and a stepped state per learning rate,
+  // and the stepped pass's own cache
+  const int rates = config.update_count();
+  const double update = rates > 0 ? (1.0 + rates) * weights + rates * T * d * scalar + cache : 0.0;
+  // the mapped pages of the largest tensor being converted (its bytes in the file)
+  return stored + representation + weights + cache + logits + update + largest_tensor_file_bytes +
+         64.0 * 1048576.0;
 }
 
 }  // namespace gradflow

@@ -127,7 +127,8 @@ CheckpointFiles::CheckpointFiles(const std::string& directory) : directory_(dire
   const std::string single_path = (std::filesystem::path(directory) / "model.safetensors").string();
   std::map<std::string, std::string> index_map;  // tensor -> shard file name
   std::string listing;                           // the file a missing tensor is reported against
-  if (is_file(index_path)) {
+  // Hugging Face's loader tries model.safetensors first, then the index (modeling_utils.py).
+  if (!is_file(single_path) && is_file(index_path)) {
     listing = index_path;
     const json index = read_json(index_path);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
@@ -150,6 +151,10 @@ CheckpointFiles::CheckpointFiles(const std::string& directory) : directory_(dire
       files_.push_back(std::make_unique<SafetensorsFile>(path));
     }
   } else if (is_file(single_path)) {
+    if (is_file(index_path))
+      throw InputError(fmt::format("--checkpoint {}: holds both model.safetensors and model.safetensors.index.json; "
+                                   "remove the one that is stale (Hugging Face would read model.safetensors)",
+                                   directory));
     listing = single_path;
     files_.push_back(std::make_unique<SafetensorsFile>(single_path));
   } else {
@@ -195,11 +200,18 @@ CheckpointFiles::CheckpointFiles(const std::string& directory) : directory_(dire
       throw InputError(fmt::format("{}: tensor '{}' is missing; a {} model with this config.json has it, shape {}",
                                    listing, expected.name, spec_.model_type, shape_text(expected.shape)));
     const TensorEntry& entry = entries_[found->second];
+    if (entry.dtype == TensorDtype::other)
+      throw InputError(fmt::format("{}: tensor '{}': dtype {} is not one gradflow reads as weights (F32, F16, BF16, "
+                                   "F64)",
+                                   files_[entry.file]->path(), entry.name, entry.dtype_name));
     if (entry.shape != expected.shape)
       throw InputError(fmt::format("{}: tensor '{}' has shape {}, but config.json implies {}",
                                    files_[entry.file]->path(), entry.name, shape_text(entry.shape),
                                    shape_text(expected.shape)));
-    largest_bytes_ = std::max(largest_bytes_, entry.end - entry.begin);
+    // the tables read in chunks of rows (embeddings, the LM head) are never mapped whole
+    const bool chunked = expected.name.find("embed_tokens") != std::string::npos ||
+                         expected.name.find("wte.") != std::string::npos || expected.name == "lm_head.weight";
+    if (!chunked) largest_bytes_ = std::max(largest_bytes_, entry.end - entry.begin);
   }
   for (const TensorEntry& entry : entries_) {
     if (expected_names.count(entry.name)) continue;

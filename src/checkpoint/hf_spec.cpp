@@ -57,6 +57,12 @@ class Keys {
     const auto found = config_.find(std::string(key));
     return found == config_.end() || found->is_null() ? nullptr : &*found;
   }
+  // Present with null: Gemma-2 writes null to switch a soft-cap or the sliding window off, where
+  // an absent key takes Gemma2Config's default.
+  bool is_null(std::string_view key) const {
+    const auto found = config_.find(std::string(key));
+    return found != config_.end() && found->is_null();
+  }
   int integer(std::string_view key, int largest, std::optional<int> fallback = std::nullopt) const {
     const json* value = find(key);
     if (!value) {
@@ -105,11 +111,26 @@ HfActivation activation_of(const Keys& keys, std::string_view key, std::string_v
 
 // rope_scaling (transformers/modeling_rope_utils.py): default, linear and llama3 are computed;
 // the others change with the sequence length or need attention factors, and are refused.
+// Transformers 5 writes rope_parameters {rope_theta, rope_type, factor, ...} in place of rope_theta
+// and rope_scaling (configuration_llama.py); it is read first, and the two forms must agree.
 void read_rope_scaling(const json& config, const Keys& keys, HfModelSpec& spec) {
-  const json* scaling = keys.find("rope_scaling");
+  const char* key = keys.find("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  const json* scaling = keys.find(key);
   if (!scaling) return;
-  if (!scaling->is_object()) keys.fail("rope_scaling", fmt::format("must be an object, not {}", scaling->dump()));
-  const Keys inner(*scaling, "config.json:rope_scaling");
+  if (!scaling->is_object()) keys.fail(key, fmt::format("must be an object, not {}", scaling->dump()));
+  if (std::string_view(key) == "rope_parameters") {
+    if (scaling->contains("full_attention") || scaling->contains("sliding_attention"))
+      keys.fail(key, "holds one set per layer type, which gradflow does not read; give one rope_parameters object");
+    if (const auto theta = scaling->find("rope_theta"); theta != scaling->end()) {
+      if (!theta->is_number() || !(theta->get<double>() > 0))
+        keys.fail("rope_parameters.rope_theta", fmt::format("must be a positive number, not {}", theta->dump()));
+      if (keys.find("rope_theta") && keys.find("rope_theta")->get<double>() != theta->get<double>())
+        keys.fail("rope_theta", "disagrees with rope_parameters.rope_theta; keep one of them");
+      spec.rope_theta = theta->get<double>();
+    }
+  }
+  const std::string origin = fmt::format("config.json:{}", key);
+  const Keys inner(*scaling, origin);
   const std::string type = inner.find("rope_type") ? inner.text("rope_type", "") : inner.text("type", "default");
   if (type == "default") return;
   spec.rope_factor = inner.number("factor", 0.0, 0.0, 1e6);
@@ -124,9 +145,9 @@ void read_rope_scaling(const json& config, const Keys& keys, HfModelSpec& spec) 
     if (!(spec.rope_high_freq_factor > spec.rope_low_freq_factor))
       inner.fail("high_freq_factor", "must exceed low_freq_factor");
   } else {
-    keys.fail("rope_scaling", fmt::format("type \"{}\" is not computed by gradflow (default, linear and llama3 "
-                                          "are); remove rope_scaling to analyse the unscaled model",
-                                          type));
+    keys.fail(key, fmt::format("type \"{}\" is not computed by gradflow (default, linear and llama3 are); a "
+                               "model trained with it would be analysed with the wrong positions",
+                               type));
   }
   (void)config;
 }
@@ -134,7 +155,8 @@ void read_rope_scaling(const json& config, const Keys& keys, HfModelSpec& spec) 
 // Per-layer sliding windows: layer_types when the config lists them, else the family's rule.
 void read_sliding_windows(const Keys& keys, HfModelSpec& spec) {
   spec.sliding_window.assign(spec.layers, 0);
-  int window = 0;
+  // Gemma2Config's default window is 4096 (an absent key); null switches it off.
+  int window = spec.family == HfFamily::gemma2 && !keys.is_null("sliding_window") ? 4096 : 0;
   if (const json* value = keys.find("sliding_window")) {
     if (!value->is_number_integer() || value->get<long long>() < 1 || value->get<long long>() > (1ll << 30))
       keys.fail("sliding_window", fmt::format("must be a positive integer or null, not {}", value->dump()));
@@ -205,13 +227,15 @@ void read_shared(const Keys& keys, const json& config, HfModelSpec& spec) {
               fmt::format("{} does not divide num_attention_heads {}", spec.kv_heads, spec.heads));
   if (!keys.find("head_dim") && spec.hidden % spec.heads != 0)
     keys.fail("num_attention_heads", fmt::format("{} does not divide hidden_size {}", spec.heads, spec.hidden));
-  spec.head_dim = keys.integer("head_dim", kMaxSize, spec.hidden / spec.heads);
+  // Gemma2Config's head_dim defaults to 256, the others' to hidden_size / num_attention_heads.
+  spec.head_dim = keys.integer("head_dim", kMaxSize, spec.family == HfFamily::gemma2 ? 256 : spec.hidden / spec.heads);
   spec.intermediate = keys.integer("intermediate_size", kMaxSize);
   spec.vocab = keys.integer("vocab_size", kMaxSize * 8);
   spec.max_positions = keys.integer("max_position_embeddings", 1 << 30, 1 << 30);
-  spec.norm_eps = keys.number("rms_norm_eps", 1e-6, 0.0, 0.5);
-  const double default_theta = spec.family == HfFamily::mistral ? 10000.0 : 10000.0;
-  spec.rope_theta = keys.number("rope_theta", default_theta, 0.0, 1e12);
+  // The configuration classes' defaults: Olmo2Config's rms_norm_eps is 1e-5, the others' 1e-6;
+  // every family's rope_theta is 10000.
+  spec.norm_eps = keys.number("rms_norm_eps", spec.family == HfFamily::olmo2 ? 1e-5 : 1e-6, 0.0, 0.5);
+  spec.rope_theta = keys.number("rope_theta", 10000.0, 0.0, 1e12);
   const double partial = keys.number("partial_rotary_factor", 1.0, 0.0, 1.0);
   spec.rotary_dims = static_cast<int>(spec.head_dim * partial) / 2 * 2;
   if (spec.rotary_dims < 2) keys.fail("partial_rotary_factor", "leaves fewer than 2 rotary dims per head");
@@ -243,8 +267,11 @@ void read_shared(const Keys& keys, const json& config, HfModelSpec& spec) {
                                       "gelu_pytorch_tanh");
       spec.embedding_scale = std::sqrt(static_cast<double>(spec.hidden));
       spec.attention_scale = 1.0 / std::sqrt(keys.number("query_pre_attn_scalar", 256.0, 0.0, 1e12));
-      spec.attn_softcap = keys.number("attn_logit_softcapping", 0.0, -1.0, 1e12);
-      spec.final_softcap = keys.number("final_logit_softcapping", 0.0, -1.0, 1e12);
+      // Gemma2Config: attn_logit_softcapping 50 and final_logit_softcapping 30 when absent; null: none
+      spec.attn_softcap =
+          keys.is_null("attn_logit_softcapping") ? 0.0 : keys.number("attn_logit_softcapping", 50.0, 0.0, 1e12);
+      spec.final_softcap =
+          keys.is_null("final_logit_softcapping") ? 0.0 : keys.number("final_logit_softcapping", 30.0, 0.0, 1e12);
       spec.tied = keys.boolean("tie_word_embeddings", true);
       break;
     case HfFamily::gpt2:

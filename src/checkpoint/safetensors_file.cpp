@@ -21,7 +21,7 @@ namespace gradflow {
 using json = nlohmann::ordered_json;
 
 std::string_view to_string(TensorDtype value) {
-  constexpr std::array names{"F64", "F32", "F16", "BF16"};
+  constexpr std::array names{"F64", "F32", "F16", "BF16", "other"};
   return names[static_cast<int>(value)];
 }
 
@@ -34,11 +34,11 @@ constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr int kMaxHeaderNesting = 8;
 constexpr std::int64_t kMaxDimension = std::int64_t{1} << 40;
 
-// dtypes the format defines that are not floating point (or too narrow to be weights here).
-constexpr std::array<std::string_view, 16> kOtherDtypes{"BOOL",    "U8",      "I8",      "I16", "U16", "I32",
-                                                        "U32",     "I64",     "U64",     "F8_E4M3",
-                                                        "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2",
-                                                        "F4",      "C64"};
+// dtypes the format defines that gradflow does not convert, with their bytes per element: a file
+// may hold them for buffers gradflow does not read (old GPT-2 saves' U8 or BOOL masks).
+constexpr std::array<std::pair<std::string_view, std::size_t>, 11> kOtherDtypes{
+    {{"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"I16", 2}, {"U16", 2}, {"I32", 4}, {"U32", 4}, {"I64", 8}, {"U64", 8},
+     {"F8_E4M3", 1}, {"F8_E5M2", 1}}};
 
 std::size_t dtype_bytes(TensorDtype dtype) {
   switch (dtype) {
@@ -50,6 +50,7 @@ std::size_t dtype_bytes(TensorDtype dtype) {
       return 2;
   }
 }
+constexpr std::uint64_t kMaxElements = std::uint64_t{1} << 50;
 
 int nesting_depth(std::string_view text) {
   int depth = 0, deepest = 0;
@@ -96,31 +97,35 @@ MappedRange::~MappedRange() {
   if (mapping_) ::munmap(mapping_, mapped_);
 }
 
+SafetensorsFile::Descriptor::~Descriptor() {
+  if (fd >= 0) ::close(fd);
+}
+
 MappedRange SafetensorsFile::map(std::uint64_t begin, std::uint64_t end) const {
-  return MappedRange(fd_, data_offset_ + begin, end - begin, path_);
+  struct stat info {};
+  if (::fstat(descriptor_.fd, &info) != 0 || static_cast<std::uint64_t>(info.st_size) != size_)
+    throw InputError(fmt::format("{}: changed size since it was checked ({} bytes, now {}); was the checkpoint "
+                                 "rewritten during the run?",
+                                 path_, size_, static_cast<std::uint64_t>(info.st_size)));
+  return MappedRange(descriptor_.fd, data_offset_ + begin, end - begin, path_);
 }
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   // O_NONBLOCK: a FIFO given as a checkpoint file is refused below instead of blocking the open.
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd_ < 0) throw InputError(fmt::format("{}: cannot be opened ({})", path_, std::strerror(errno)));
+  descriptor_.fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  const int fd = descriptor_.fd;  // closed by descriptor_ on every throw below
+  if (fd < 0) throw InputError(fmt::format("{}: cannot be opened ({})", path_, std::strerror(errno)));
   struct stat info {};
-  if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
-    ::close(fd_);
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode))
     throw InputError(fmt::format("{}: is not a regular file; a checkpoint's tensors are .safetensors files", path_));
-  }
   size_ = static_cast<std::uint64_t>(info.st_size);
-  const auto fail_closed = [this](const std::string& message) {
-    ::close(fd_);
-    fd_ = -1;
-    throw InputError(message);
-  };
+  const auto fail_closed = [](const std::string& message) { throw InputError(message); };
   if (size_ < 8)
     fail_closed(fmt::format("{}: is {} bytes, shorter than the 8-byte header length of a safetensors file "
                             "(truncated?)",
                             path_, size_));
   unsigned char length[8];
-  if (::pread(fd_, length, 8, 0) != 8) fail_closed(fmt::format("{}: cannot be read ({})", path_, std::strerror(errno)));
+  if (::pread(fd, length, 8, 0) != 8) fail_closed(fmt::format("{}: cannot be read ({})", path_, std::strerror(errno)));
   std::uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length[i];  // little-endian
   if (header_bytes < 2 || header_bytes > size_ - 8 || header_bytes > kMaxHeaderBytes) {
@@ -131,13 +136,11 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   std::string header_text(header_bytes, '\0');
   std::uint64_t got = 0;
   while (got < header_bytes) {
-    const ssize_t count = ::pread(fd_, header_text.data() + got, header_bytes - got, static_cast<off_t>(8 + got));
+    const ssize_t count = ::pread(fd, header_text.data() + got, header_bytes - got, static_cast<off_t>(8 + got));
     if (count < 0 && errno == EINTR) continue;
     if (count <= 0) fail_closed(fmt::format("{}: cannot read its header ({})", path_, std::strerror(errno)));
     got += static_cast<std::uint64_t>(count);
   }
-  ::close(fd_);  // reopened below once the header is valid; every throw until then leaves nothing open
-  fd_ = -1;
   data_offset_ = 8 + header_bytes;
   const std::string_view header(header_text);
   const std::uint64_t data_bytes = size_ - 8 - header_bytes;
@@ -176,14 +179,22 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     const json& dtype = value["dtype"];
     if (!dtype.is_string()) fail(fmt::format("dtype must be a string, not {}", dtype.dump()));
     const std::string dtype_name = dtype.get<std::string>();
+    entry.dtype_name = dtype_name;
+    std::size_t element_bytes = 0;
     if (dtype_name == "F64") entry.dtype = TensorDtype::f64;
     else if (dtype_name == "F32") entry.dtype = TensorDtype::f32;
     else if (dtype_name == "F16") entry.dtype = TensorDtype::f16;
     else if (dtype_name == "BF16") entry.dtype = TensorDtype::bf16;
-    else if (std::find(kOtherDtypes.begin(), kOtherDtypes.end(), dtype_name) != kOtherDtypes.end())
-      fail(fmt::format("dtype {} is not one gradflow reads as weights (F32, F16, BF16, F64)", dtype_name));
-    else fail(fmt::format("unknown dtype \"{}\" (safetensors' floating-point dtypes: F32, F16, BF16, F64)",
-                          dtype_name));
+    else entry.dtype = TensorDtype::other;
+    if (entry.dtype != TensorDtype::other) {
+      element_bytes = dtype_bytes(entry.dtype);
+    } else {
+      for (const auto& [name, bytes] : kOtherDtypes)
+        if (name == dtype_name) element_bytes = bytes;
+      if (element_bytes == 0)
+        fail(fmt::format("unknown dtype \"{}\" (safetensors' floating-point dtypes: F32, F16, BF16, F64)",
+                         dtype_name));
+    }
     const json& shape = value["shape"];
     if (!shape.is_array()) fail(fmt::format("shape must be an array of sizes, not {}", shape.dump()));
     std::uint64_t elements = 1;
@@ -191,8 +202,10 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
       if (!size.is_number_integer() || size.get<std::int64_t>() < 0 || size.get<std::int64_t>() > kMaxDimension)
         fail(fmt::format("shape {} must hold sizes in [0, 2^40]", shape.dump()));
       entry.shape.push_back(size.get<std::int64_t>());
-      elements *= static_cast<std::uint64_t>(entry.shape.back());
-      if (elements > (std::uint64_t{1} << 50)) fail(fmt::format("shape {} is too large", shape.dump()));
+      const auto extent = static_cast<std::uint64_t>(entry.shape.back());
+      if (extent != 0 && elements > kMaxElements / extent)  // checked before it can wrap
+        fail(fmt::format("shape {} is too large", shape.dump()));
+      elements *= extent;
     }
     const json& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
@@ -205,7 +218,7 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     if (entry.end > data_bytes)
       fail(fmt::format("data_offsets [{}, {}] reach past the data section's {} bytes (truncated file?)", entry.begin,
                        entry.end, data_bytes));
-    const std::uint64_t expected = elements * dtype_bytes(entry.dtype);
+    const std::uint64_t expected = elements * element_bytes;
     if (entry.end - entry.begin != expected)
       fail(fmt::format("data_offsets [{}, {}] hold {} bytes, but shape {} of {} needs {}", entry.begin, entry.end,
                        entry.end - entry.begin, shape_text(entry.shape), dtype_name, expected));
@@ -235,12 +248,8 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     throw InputError(fmt::format("{}: the data section has {} bytes after the last tensor{}", path_,
                                  data_bytes - covered,
                                  previous ? fmt::format(" ('{}')", previous->name) : std::string()));
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd_ < 0) throw InputError(fmt::format("{}: cannot be opened ({})", path_, std::strerror(errno)));
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 }  // namespace gradflow

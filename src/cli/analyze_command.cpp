@@ -195,12 +195,28 @@ void write_report(const AnalysisReport& report, const std::string& format, const
   output.commit();
 }
 
-// The flags that shape the model: with --checkpoint its config.json does.
-constexpr const char* kModelShapingFlags[] = {
-    "--arch",         "--depth",      "--width", "--config", "--heads",       "--kv-heads",   "--ffn",
-    "--ffn-hidden",   "--rope-theta", "--rope-fraction",    "--bias",        "--norm-eps",   "--block",
-    "--norm",         "--init",       "--probes", "--input-corr", "--ideal-branch", "--spectrum",
-    "--exact-jacobian", "--seeds",    "--export-weights"};
+// The flags a checkpoint run refuses, and why: the model's config.json sets the model and its
+// placement; the others are analyses of a random init, or work a checkpoint run does not split.
+struct RefusedFlag {
+  const char* flag;
+  const char* reason;
+};
+constexpr const char* kSetByConfig = "the checkpoint's config.json sets the model";
+constexpr const char* kInitOnly = "it belongs to an analysis of a random init";
+constexpr RefusedFlag kCheckpointRefuses[] = {
+    {"--arch", "the placement is the model's own (its config.json's model_type)"},
+    {"--depth", kSetByConfig},        {"--width", kSetByConfig},         {"--config", kSetByConfig},
+    {"--heads", kSetByConfig},        {"--kv-heads", kSetByConfig},      {"--ffn", kSetByConfig},
+    {"--ffn-hidden", kSetByConfig},   {"--rope-theta", kSetByConfig},    {"--rope-fraction", kSetByConfig},
+    {"--bias", kSetByConfig},         {"--norm-eps", kSetByConfig},      {"--block", kSetByConfig},
+    {"--norm", kSetByConfig},         {"--init", kSetByConfig},          {"--input-corr", kInitOnly},
+    {"--ideal-branch", kInitOnly},    {"--probes", "the loss is one (--loss probe draws one probe)"},
+    {"--spectrum", "it is not computed for a checkpoint"},
+    {"--exact-jacobian", "it is not computed for a checkpoint"},
+    {"--seeds", "a checkpoint has one set of weights (--seed draws random tokens or the probe)"},
+    {"--export-weights", "the weights are the checkpoint's own files"},
+    {"--threads", "a checkpoint run uses one thread"},
+    {"--verbose", "it lists config.json keys for --config only"}};
 
 bool given(const AnalyzeOptions& options, const char* flag) {
   const CLI::Option* option = options.app->get_option_no_throw(flag);
@@ -209,14 +225,9 @@ bool given(const AnalyzeOptions& options, const char* flag) {
 
 // analyze --checkpoint: refuses the flags that do not apply, then runs checkpoint_command.cpp.
 int run_checkpoint(const AnalyzeOptions& options) {
-  for (const char* flag : kModelShapingFlags) {
-    if (!given(options, flag)) continue;
-    if (std::string_view(flag) == "--arch")
-      throw InputError("--arch does not apply with --checkpoint: the placement is the model's own (its "
-                       "config.json's model_type); remove --arch");
-    throw InputError(fmt::format("{} does not apply with --checkpoint: the checkpoint's config.json sets the model; "
-                                 "remove {}",
-                                 flag, flag));
+  for (const auto& [flag, reason] : kCheckpointRefuses) {
+    if (given(options, flag))
+      throw InputError(fmt::format("{} does not apply with --checkpoint: {}; remove {}", flag, reason, flag));
   }
   for (const auto& [key, value] : options.model.numbers)
     if (value) throw InputError(fmt::format("--{} is a placement option; with --checkpoint the placement is the "

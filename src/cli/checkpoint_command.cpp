@@ -30,7 +30,7 @@ std::vector<std::int64_t> random_tokens(int count, int vocab, std::uint64_t seed
 nlohmann::ordered_json describe(const CheckpointFiles& files) {
   const HfModelSpec& spec = files.spec();
   std::map<std::string, int> dtypes;
-  for (const TensorEntry& entry : files.entries()) ++dtypes[std::string(to_string(entry.dtype))];
+  for (const TensorEntry& entry : files.entries()) ++dtypes[entry.dtype_name];
   nlohmann::ordered_json doc = {{"directory", files.directory()},
                                 {"model_type", spec.model_type},
                                 {"placement", std::string(family_placement(spec.family))},
@@ -65,11 +65,14 @@ int run_analyze_checkpoint(const CheckpointCommand& command,
   } else {
     tokens = read_token_file(command.tokens, spec.vocab);
   }
-  const std::string origin = random ? std::string("--seq") : command.tokens;
+  const std::string origin = random ? fmt::format("--seq {}", tokens.size()) : command.tokens;
   if (loss == LossKind::lm && tokens.size() < 2)
-    throw InputError(fmt::format("{}: holds {} token id; the language-model loss needs at least 2 (each predicts "
-                                 "the next); give more ids, or --loss probe",
-                                 origin, tokens.size()));
+    throw InputError(random ? fmt::format("--seq {}: the language-model loss needs at least 2 tokens (each predicts "
+                                          "the next); try --seq 2 or more, or --loss probe",
+                                          tokens.size())
+                            : fmt::format("{}: holds {} token id; the language-model loss needs at least 2 (each "
+                                          "predicts the next); give more ids, or --loss probe",
+                                          origin, tokens.size()));
   if (spec.position_embedding && static_cast<int>(tokens.size()) > spec.max_positions)
     throw InputError(fmt::format("{}: {} tokens are more than the {} positions of the model's position embedding "
                                  "(config.json:n_positions); give at most {}",
@@ -85,10 +88,15 @@ int run_analyze_checkpoint(const CheckpointCommand& command,
   run.config = model_config_of(spec, static_cast<int>(tokens.size()), command.model.precision, command.seed);
   run.config.update = command.model.update;
   run.config.learning_rates = command.model.learning_rates;
-  const double memory = checkpoint_memory_bytes(spec, run.config, loss);
-  check_memory_need(memory, 1, fmt::format("analysing {} ({} layers, width {}, {} tokens)", command.directory,
-                                           spec.layers, spec.hidden, tokens.size()),
-                    "try fewer tokens, or --precision f32");
+  const double memory =
+      checkpoint_memory_bytes(spec, run.config, loss, static_cast<double>(files.largest_tensor_bytes()));
+  std::string fix = "try fewer tokens";
+  if (run.config.precision == Precision::f64) fix += ", or --precision f32";
+  if (run.config.update_count() > 1) fix += ", or fewer --lr values";
+  check_memory_need(memory, 1,
+                    fmt::format("analysing {} ({} layers, width {}, {} tokens)", command.directory, spec.layers,
+                                spec.hidden, tokens.size()),
+                    fix);
   const auto archs = parse_architecture_list(run.config.arch);
   if (random && !command.quiet)
     fmt::print(stderr,
@@ -130,7 +138,7 @@ void print_checkpoint(const std::string& directory, const std::string& format) {
   if (format == "json") {
     nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
     for (const TensorEntry& entry : files.entries())
-      tensors.push_back({{"name", entry.name}, {"dtype", std::string(to_string(entry.dtype))}, {"shape", entry.shape}});
+      tensors.push_back({{"name", entry.name}, {"dtype", entry.dtype_name}, {"shape", entry.shape}});
     doc["tensors"] = tensors;
     std::cout << doc.dump(2) << '\n';
     return;
@@ -148,7 +156,7 @@ void print_checkpoint(const std::string& directory, const std::string& format) {
   fmt::print("files       {}\n", fmt::join(doc["files"].get<std::vector<std::string>>(), ", "));
   fmt::print("tensors     {} ({})\n", files.entries().size(), dtypes);
   for (const TensorEntry& entry : files.entries())
-    fmt::print("  {:<52} {:<5} [{}]\n", entry.name, to_string(entry.dtype), fmt::join(entry.shape, ", "));
+    fmt::print("  {:<52} {:<5} [{}]\n", entry.name, entry.dtype_name, fmt::join(entry.shape, ", "));
 }
 
 }  // namespace gradflow::cli

@@ -147,6 +147,10 @@ TEST_CASE("the layer-by-layer analysis reports the standalone pass's loss and gr
           doctest::Approx(std::log10(exact.gradient.norm())).epsilon(1e-12));
     CHECK(result.checkpoint->angular_distance.size() == 3);
     for (const double a : result.checkpoint->angular_distance) CHECK((a >= 0 && a <= 1));
+    // x_S = x_0 + sum_l update_l: the parts' shares of x_S sum to 1
+    double shares = result.stream_decomposition_input;
+    for (const double share : result.sublayers.at(Figure::stream_decomposition)) shares += share;
+    CHECK(shares == doctest::Approx(1.0).epsilon(1e-12));
     // the gains multiply up to the whole ratio
     const auto& gain = result.sublayers.at(Figure::gain);
     double log_product = 0;
@@ -184,6 +188,35 @@ TEST_CASE("config.json: unsupported families and rope scalings are refused namin
   config = shared_config("llama");
   config["num_key_value_heads"] = 3;
   CHECK_THROWS_WITH_AS(read_hf_model_spec(config, "c.json"), doctest::Contains("num_key_value_heads"), InputError);
+  // Transformers 5's rope_parameters: theta and scaling read from it, and it must agree with rope_theta
+  config = shared_config("llama");
+  config.erase("rope_theta");
+  config["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "llama3"}, {"factor", 32.0},
+                               {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                               {"original_max_position_embeddings", 8192}};
+  const HfModelSpec v5 = read_hf_model_spec(config, "c.json");
+  CHECK(v5.rope_theta == 500000.0);
+  CHECK(v5.rope_scaling == RopeScaling::llama3);
+  CHECK(v5.rope_factor == 32.0);
+  config["rope_theta"] = 10000.0;
+  CHECK_THROWS_WITH_AS(read_hf_model_spec(config, "c.json"), doctest::Contains("rope_theta"), InputError);
+  // Gemma2Config's defaults where a key is absent; null switches a soft-cap or the window off
+  json minimal = shared_config("gemma2");
+  const HfModelSpec defaults = read_hf_model_spec(minimal, "c.json");
+  CHECK(defaults.attn_softcap == 50.0);
+  CHECK(defaults.final_softcap == 30.0);
+  CHECK(defaults.head_dim == 256);
+  CHECK(defaults.sliding_window == std::vector<int>{4096, 0, 4096});
+  minimal["attn_logit_softcapping"] = nullptr;
+  minimal["sliding_window"] = nullptr;
+  const HfModelSpec off = read_hf_model_spec(minimal, "c.json");
+  CHECK(off.attn_softcap == 0.0);
+  CHECK(off.sliding_window == std::vector<int>{0, 0, 0});
+  json olmo = shared_config("olmo2"), llama = shared_config("llama");
+  olmo.erase("rms_norm_eps");
+  llama.erase("rms_norm_eps");
+  CHECK(read_hf_model_spec(olmo, "c.json").norm_eps == 1e-5);  // Olmo2Config's default
+  CHECK(read_hf_model_spec(llama, "c.json").norm_eps == 1e-6);  // LlamaConfig's
   const HfModelSpec gemma = read_hf_model_spec(family_configs()[4].second, "c.json");
   CHECK(gemma.sliding_window == std::vector<int>{3, 0, 3});  // Gemma2Config: even layers slide
   CHECK(gemma.tied);

@@ -99,8 +99,7 @@ def json_records_the_checkpoint_and_the_tokens():
 @test
 def reruns_are_byte_identical():
     first, _ = run("analyze", "--checkpoint", LLAMA, "--tokens", TOKENS, "-q", "--format", "json", "--no-timing")
-    second, _ = run("analyze", "--checkpoint", LLAMA, "--tokens", TOKENS, "-q", "--format", "json", "--no-timing",
-                    "--threads", "1")
+    second, _ = run("analyze", "--checkpoint", LLAMA, "--tokens", TOKENS, "-q", "--format", "json", "--no-timing")
     assert first == second
 
 
@@ -174,8 +173,32 @@ def archs_lists_what_the_checkpoint_holds():
 
 
 @test
+def buffers_of_other_dtypes_are_skipped_not_refused():
+    """Old GPT-2 saves keep their causal masks (h.N.attn.bias) as U8 or BOOL: gradflow does not read
+    them, so their dtype is no error; the same dtype on a weight is."""
+    from safetensors_io import load_file, save_file
+    import torch
+    directory = os.path.join(WORK, "gpt2-u8")
+    make_checkpoint(directory, "gpt2")
+    path = os.path.join(directory, "model.safetensors")
+    tensors = load_file(path)
+    for i in range(4):
+        tensors[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 8, 8, dtype=torch.uint8))
+        tensors[f"h.{i}.attn.masked_bias"] = torch.ones((), dtype=torch.bool)
+    save_file(tensors, path)
+    document, _ = analyze_json("--checkpoint", directory, "--tokens", TOKENS)
+    ignored = document["runs"][0]["config"]["checkpoint"]["ignored_tensors"]
+    assert "h.0.attn.bias" in ignored and "h.3.attn.masked_bias" in ignored, ignored
+    tensors["h.0.ln_1.weight"] = torch.ones(32, dtype=torch.uint8)
+    save_file(tensors, path)
+    _, err = run("analyze", "--checkpoint", directory, "--tokens", TOKENS, "-q", code=2)
+    assert "'h.0.ln_1.weight'" in err and "U8" in err, err
+
+
+@test
 def flags_that_shape_the_model_are_refused():
-    for extra in (["--width", "64"], ["--arch", "keel"], ["--config", "gpt2"], ["--seeds", "2"],
+    for extra in (["--width", "64"], ["--arch", "keel"], ["--config", "gpt2"], ["--seeds", "2"], ["--threads", "2"],
+                  ["--probes", "4"], ["--verbose"],
                   ["--angles", "all"], ["--alpha", "2"], ["--update-params", "all", "--update", "adam"]):
         _, err = run("analyze", "--checkpoint", LLAMA, "--tokens", TOKENS, "-q", "-o", os.path.join(WORK, "x.json"),
                      *extra, code=2)

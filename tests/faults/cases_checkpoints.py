@@ -384,6 +384,8 @@ def checkpoint_defects(files, args):
     weight_map = None
     if "model.safetensors" in within:
         weight_files = ["model.safetensors"]
+        if "model.safetensors.index.json" in within:   # which is stale? gradflow refuses to guess
+            defects.add(("single file and index both present", "model.safetensors.index.json"))
     elif "model.safetensors.index.json" in within:
         duplicates = []
         try:
@@ -849,6 +851,14 @@ add("index without weight_map", sharded(index='{"metadata": {"total_size": %d}}\
     expect={("no weight_map of names to files", "model.safetensors.index.json")},
     example="gradflow: error: ck/model.safetensors.index.json has no weight_map object",
     culprits=["model.safetensors.index.json", "weight_map"])
+# model.safetensors beside an index and its shards (a re-save next to a stale sharded copy): Hugging Face
+# silently takes the single file; gradflow refuses to guess which is current, naming both.
+add("single file beside an index", {**single(), **{k: v for k, v in sharded().items() if k.endswith("index.json")}},
+    says("model\\.safetensors", INDEX),
+    expect={("single file and index both present", "model.safetensors.index.json")},
+    example="gradflow: error: --checkpoint ck: holds both model.safetensors and model.safetensors.index.json; "
+            "remove the one that is stale",
+    culprits=["model.safetensors.index.json"])
 # model.norm.weight stored in both shards (the index says shard 2): two candidate tensors, possibly
 # different; refuse rather than pick one.
 add("tensor stored in two shards",
