@@ -118,7 +118,15 @@ TEST_CASE("the generator's draws are pinned for this instruction set") {
 #elif defined(__AVX2__) && defined(__FMA__)
   CHECK(hash == 0x753f8bbef84e7c1cull);
 #elif defined(__x86_64__) && !defined(__AVX__)
-  CHECK(hash == 0xccf1ae8c7ba46565ull);
+  // Two values seen for the same sources and compiler (Debian GCC 12.2, -O3, no -march): 0xccf1...
+  // where it was pinned (2026-12-01), 0xb74c... on an AMD EPYC (family 0x19) machine of this kind
+  // (2026-12-02, reproduced by compiling src/rng.cpp alone). The build is identical, so the
+  // difference comes from the machine at run time (the portable path calls glibc's logf for the
+  // tail of each Eigen log); not yet explained. Either value still pins the generator: any change to
+  // it moves the hash off both.
+  const bool pinned = hash == 0xccf1ae8c7ba46565ull || hash == 0xb74c7b418f307215ull;
+  if (!pinned) MESSAGE("portable build's hash: " << hash);
+  CHECK(pinned);
 #else
   MESSAGE("no pinned hash for this instruction set: " << hash);
 #endif
