@@ -371,4 +371,21 @@ double estimated_memory_bytes(const ModelConfig& config, int stream_count) {
   return (states + weights + working + update) * scalar + figures + kBaseline;
 }
 
+// Measured on a 2-core machine: the defaults (keel, d = 256, T = 64, f32) take 2.7 ms per sublayer
+// on one core (depth 1024, the whole run), and Llama-3.2-1B's block (data/configs, 74.6x the
+// forward flops) 0.315 s, 117x: so the time grows like flops^1.1 (sublayer_forward_flops: widths,
+// KV heads, a gated FFN); then the probes' backward passes, --update's pass and the precision.
+double estimated_run_seconds(const ModelConfig& config, int cores) {
+  constexpr double kSecondsPerSublayerAtDefaults = 2.7e-3, kFlopsExponent = 1.1;
+  const double work =
+      std::pow(sublayer_forward_flops(config) / sublayer_forward_flops(ModelConfig{}), kFlopsExponent);
+  const double probes = (2.0 + config.probes) / 3.0;  // forward + recompute fixed, backward per probe
+  // --update: the weight gradients' recompute and backward once, then one stepped forward per
+  // learning rate; bench/update_cost.py measures 1.94x the run without it at one learning rate.
+  const double update = config.update_count() > 0 ? 1.6 + 0.34 * config.update_count() : 1.0;
+  const double precision = config.precision == Precision::f64 ? 2.0 : 1.0;
+  return kSecondsPerSublayerAtDefaults * config.sublayers() * work * probes * update * precision /
+         std::max(cores, 1);
+}
+
 }  // namespace gradflow

@@ -147,5 +147,8 @@ double sublayer_forward_flops(const ModelConfig& config);
 // Bytes one finished run's figures take while the report is built (the arrays, their JSON tree
 // and text): what each of `--seeds N` runs keeps until the end.
 double estimated_result_bytes(const ModelConfig& config, int stream_count);
+// Wall seconds one run of this configuration takes on `cores` cores (a model fitted to measured
+// runs, good to a factor of about 2): analyze's time note and the SLURM plan's time limits.
+double estimated_run_seconds(const ModelConfig& config, int cores);
 
 }  // namespace gradflow

@@ -36,7 +36,8 @@ struct AnalyzeOptions {
   const CLI::Option* seeds_flag = nullptr;
   std::string angles = "consecutive";
   std::string config;  // --config PATH|NAME: "" when not given
-  std::string checkpoint, tokens, loss;  // --checkpoint DIR, --tokens FILE, --loss lm|probe: "" when not given
+  std::string checkpoint, tokens,
+      loss;  // --checkpoint DIR, --tokens FILE, --loss lm|probe: "" when not given
   bool verbose = false;
   const CLI::App* app = nullptr;  // to tell the flags given from the defaults a config.json replaces
 };
@@ -57,26 +58,6 @@ std::string export_path(const std::string& base, std::string_view arch, std::uin
   return (path.parent_path() /
           fmt::format("{}.{}.seed{}{}", path.stem().string(), arch, seed, path.extension().string()))
       .string();
-}
-
-// Wall time of `runs` runs of this configuration, measured on a 2-core machine: the defaults
-// (keel, d = 256, T = 64, f32) take 2.7 ms per sublayer on one core (depth 1024, the whole run),
-// and Llama-3.2-1B's block (data/configs, 74.6x the forward flops) 0.315 s, 117x: so the time
-// grows like flops^1.1 (sublayer_forward_flops: widths, KV heads, a gated FFN); then the probes'
-// backward passes, --update's pass and the precision; runs share the cores.
-double estimated_seconds(const ModelConfig& model, long long runs, int threads) {
-  constexpr double kSecondsPerSublayerAtDefaults = 2.7e-3, kFlopsExponent = 1.1;
-  const double work =
-      std::pow(sublayer_forward_flops(model) / sublayer_forward_flops(ModelConfig{}), kFlopsExponent);
-  const double probes = (2.0 + model.probes) / 3.0;  // forward + recompute fixed, backward per probe
-  // --update: the weight gradients' recompute and backward once, then one stepped forward per
-  // learning rate; bench/update_cost.py measures 1.94x the run without it at one learning rate.
-  const double update = model.update_count() > 0 ? 1.6 + 0.34 * model.update_count() : 1.0;
-  const double precision = model.precision == Precision::f64 ? 2.0 : 1.0;
-  const double cores =
-      std::max(1, std::min<int>(threads, static_cast<int>(std::thread::hardware_concurrency())));
-  return kSecondsPerSublayerAtDefaults * model.sublayers() * work * probes * update * precision *
-         static_cast<double>(runs) / cores;
 }
 
 std::string duration_text(double seconds) {
@@ -145,7 +126,10 @@ void warn_before_start(const ModelConfig& model, const std::string& format, int 
         stderr,
         "gradflow: warning: the --angles all matrix is written in JSON only; use --format json to get it\n");
   }
-  if (const double seconds = estimated_seconds(model, jobs, threads); seconds > kEstimateAbove) {
+  const int cores =
+      std::max(1, std::min<int>(threads, static_cast<int>(std::thread::hardware_concurrency())));
+  if (const double seconds = estimated_run_seconds(model, cores) * static_cast<double>(jobs);
+      seconds > kEstimateAbove) {
     fmt::print(stderr,
                "gradflow: note: {} run(s) of {} sublayers will take about {} and {:.2f} GB on {} thread(s) "
                "(estimate); Ctrl-C stops it, fewer --seeds or a smaller --depth shortens it\n",
@@ -205,12 +189,23 @@ constexpr const char* kSetByConfig = "the checkpoint's config.json sets the mode
 constexpr const char* kInitOnly = "it belongs to an analysis of a random init";
 constexpr RefusedFlag kCheckpointRefuses[] = {
     {"--arch", "the placement is the model's own (its config.json's model_type)"},
-    {"--depth", kSetByConfig},        {"--width", kSetByConfig},         {"--config", kSetByConfig},
-    {"--heads", kSetByConfig},        {"--kv-heads", kSetByConfig},      {"--ffn", kSetByConfig},
-    {"--ffn-hidden", kSetByConfig},   {"--rope-theta", kSetByConfig},    {"--rope-fraction", kSetByConfig},
-    {"--bias", kSetByConfig},         {"--norm-eps", kSetByConfig},      {"--block", kSetByConfig},
-    {"--norm", kSetByConfig},         {"--init", kSetByConfig},          {"--input-corr", kInitOnly},
-    {"--ideal-branch", kInitOnly},    {"--probes", "the loss is one (--loss probe draws one probe)"},
+    {"--depth", kSetByConfig},
+    {"--width", kSetByConfig},
+    {"--config", kSetByConfig},
+    {"--heads", kSetByConfig},
+    {"--kv-heads", kSetByConfig},
+    {"--ffn", kSetByConfig},
+    {"--ffn-hidden", kSetByConfig},
+    {"--rope-theta", kSetByConfig},
+    {"--rope-fraction", kSetByConfig},
+    {"--bias", kSetByConfig},
+    {"--norm-eps", kSetByConfig},
+    {"--block", kSetByConfig},
+    {"--norm", kSetByConfig},
+    {"--init", kSetByConfig},
+    {"--input-corr", kInitOnly},
+    {"--ideal-branch", kInitOnly},
+    {"--probes", "the loss is one (--loss probe draws one probe)"},
     {"--spectrum", "it is not computed for a checkpoint"},
     {"--exact-jacobian", "it is not computed for a checkpoint"},
     {"--seeds", "a checkpoint has one set of weights (--seed draws random tokens or the probe)"},
@@ -230,22 +225,31 @@ int run_checkpoint(const AnalyzeOptions& options) {
       throw InputError(fmt::format("{} does not apply with --checkpoint: {}; remove {}", flag, reason, flag));
   }
   for (const auto& [key, value] : options.model.numbers)
-    if (value) throw InputError(fmt::format("--{} is a placement option; with --checkpoint the placement is the "
-                                            "model's own; remove it", key));
+    if (value)
+      throw InputError(
+          fmt::format("--{} is a placement option; with --checkpoint the placement is the "
+                      "model's own; remove it",
+                      key));
   for (const auto& [key, value] : options.model.words)
-    if (value) throw InputError(fmt::format("--{} is a placement option; with --checkpoint the placement is the "
-                                            "model's own; remove it", key));
+    if (value)
+      throw InputError(
+          fmt::format("--{} is a placement option; with --checkpoint the placement is the "
+                      "model's own; remove it",
+                      key));
   if (options.angles == "all")
-    throw InputError("--angles all is not computed with --checkpoint (the layers' angular distances are); remove it");
+    throw InputError(
+        "--angles all is not computed with --checkpoint (the layers' angular distances are); remove it");
   if (!options.model.update_params.empty() && options.model.update_params != "matrices")
-    throw InputError(fmt::format("--update-params {} is not computed with --checkpoint: the step moves the layers' "
-                                 "matrices; use --update-params matrices or leave it out",
-                                 options.model.update_params));
+    throw InputError(
+        fmt::format("--update-params {} is not computed with --checkpoint: the step moves the layers' "
+                    "matrices; use --update-params matrices or leave it out",
+                    options.model.update_params));
   if (!options.tokens.empty() && given(options, "--seq"))
     throw InputError("--seq does not apply with --tokens: T is the number of ids in the file; remove --seq");
   if (given(options, "--tokens") && options.tokens.empty())
     throw InputError("--tokens '' names no file; give --tokens FILE (whitespace-separated token ids)");
-  if (options.checkpoint.empty()) throw InputError("--checkpoint '' names no directory; give --checkpoint DIR");
+  if (options.checkpoint.empty())
+    throw InputError("--checkpoint '' names no directory; give --checkpoint DIR");
   const std::string format = resolve_output_format(options.format, options.output_flag, options.output,
                                                    {"json", "csv", "table", "markdown"}, "table");
   CheckpointCommand command;
@@ -266,9 +270,10 @@ int run_checkpoint(const AnalyzeOptions& options) {
 int run_analyze(const AnalyzeOptions& options) {
   if (!options.checkpoint.empty() || given(options, "--checkpoint")) return run_checkpoint(options);
   if (given(options, "--tokens") || given(options, "--loss"))
-    throw InputError(fmt::format("{} applies only with --checkpoint DIR (a trained model); remove it, or give "
-                                 "--checkpoint",
-                                 given(options, "--tokens") ? "--tokens" : "--loss"));
+    throw InputError(
+        fmt::format("{} applies only with --checkpoint DIR (a trained model); remove it, or give "
+                    "--checkpoint",
+                    given(options, "--tokens") ? "--tokens" : "--loss"));
   const int threads = checked_threads(options);
   const std::string format = resolve_output_format(options.format, options.output_flag, options.output,
                                                    {"json", "csv", "table", "markdown"}, "table");
@@ -378,18 +383,20 @@ Command setup_analyze(CLI::App& app) {
          "family's placement; flags given override it, and --seq stays 64 unless given (the file's "
          "context length is only an upper bound)")
       ->default_str("off");
-  sub->add_option("--checkpoint", options->checkpoint,
-                  "A trained Hugging Face checkpoint: DIR with config.json and model.safetensors (or its shards "
-                  "and model.safetensors.index.json); model_type llama, mistral, qwen2, olmo2, gpt2 or gemma2. "
-                  "The model's own forward and placement; docs/checkpoints.md")
+  sub->add_option(
+         "--checkpoint", options->checkpoint,
+         "A trained Hugging Face checkpoint: DIR with config.json and model.safetensors (or its shards "
+         "and model.safetensors.index.json); model_type llama, mistral, qwen2, olmo2, gpt2 or gemma2. "
+         "The model's own forward and placement; docs/checkpoints.md")
       ->default_str("off");
   sub->add_option("--tokens", options->tokens,
                   "With --checkpoint: the token ids to analyse, whitespace-separated (T = their count); "
                   "without it, --seq ids drawn by --seed")
       ->default_str("off");
-  sub->add_option("--loss", options->loss,
-                  "With --checkpoint: lm, the language-model loss (mean cross-entropy of each next token), or "
-                  "probe, a random probe of the final norm's output as at init")
+  sub->add_option(
+         "--loss", options->loss,
+         "With --checkpoint: lm, the language-model loss (mean cross-entropy of each next token), or "
+         "probe, a random probe of the final norm's output as at init")
       ->check(CLI::IsMember({"lm", "probe"}))
       ->default_str("lm");
   sub->add_flag("-q,--quiet", options->quiet, "No progress bar");

@@ -29,7 +29,7 @@ struct SweepOptions {
   int seeds = 1;
   std::string directory, shard = "0/1";
   int jobs = 1;
-  bool verbose = false, quiet = false;
+  bool verbose = false, quiet = false, plan = false;
 };
 
 // A sweep killed by SIGKILL (which no handler sees) leaves its cells' temporary files,
@@ -114,6 +114,13 @@ std::vector<CellPlan> pending_cells(const SweepOptions& options, const ModelConf
         fmt::print(stderr, "gradflow sweep: skipped {} (already complete)\n", cell_file_name(plan.cell));
       continue;
     }
+    std::error_code error;
+    if (std::filesystem::is_directory(plan.path, error)) {
+      throw InputError(
+          fmt::format("{} is a directory where the sweep's cell file belongs; remove it (it is not "
+                      "gradflow's) and rerun the same command",
+                      plan.path.string()));
+    }
     if (plan.exists)
       fmt::print(stderr, "gradflow sweep: recomputing {}: {}\n", cell_file_name(plan.cell),
                  plan.stale_reason);
@@ -162,6 +169,49 @@ void write_summary(const SweepOptions& options, const json& manifest, const std:
   if (!options.quiet) print_fits(document.at("summary"));
 }
 
+// --plan: every cell of the grid in the global order (--shard i/n takes positions i mod n), with
+// the time one run takes on one core and the memory it needs (config.hpp's estimates), and whether
+// its file in DIR is already complete. Written to stdout; nothing is created. scripts/sweep-slurm
+// sizes its job array, time limit and memory request from it.
+json plan_document(const SweepGrid& grid, const ModelConfig& model,
+                   const std::vector<const Architecture*>& archs,
+                   const std::filesystem::path& cells_directory) {
+  const std::vector<SweepCell> cells = sweep_cells(grid);
+  std::error_code error;
+  const bool resumable = std::filesystem::is_directory(cells_directory, error);
+  json rows = json::array();
+  double total_seconds = 0, largest_bytes = 0;
+  std::size_t complete = 0;
+  for (std::size_t position = 0; position < cells.size(); ++position) {
+    const SweepCell& cell = cells[position];
+    ModelConfig config = model;
+    config.blocks = cell.depth, config.width = cell.width;
+    const auto arch =
+        std::find_if(archs.begin(), archs.end(), [&](const Architecture* a) { return a->id == cell.arch; });
+    const int streams = static_cast<int>((*arch)->streams.size());
+    const double seconds = estimated_run_seconds(config, 1);
+    const double bytes = estimated_memory_bytes(config, streams) + estimated_result_bytes(config, streams);
+    const bool done = resumable && plan_sweep_cells(model, {cell}, cells_directory).front().complete();
+    total_seconds += seconds, largest_bytes = std::max(largest_bytes, bytes), complete += done ? 1 : 0;
+    rows.push_back({{"position", position},
+                    {"file", "cells/" + cell_file_name(cell)},
+                    {"arch", cell.arch},
+                    {"blocks", cell.depth},
+                    {"width", cell.width},
+                    {"seed", cell.seed},
+                    {"estimated_seconds", seconds},
+                    {"estimated_memory_bytes", bytes},
+                    {"complete", done}});
+  }
+  return {
+      {"cell_count", cells.size()},
+      {"complete_count", complete},
+      {"estimated_seconds", total_seconds},
+      {"largest_memory_bytes", largest_bytes},
+      {"estimate_note", "seconds of one run on one core and bytes at its peak; good to a factor of about 2"},
+      {"cells", rows}};
+}
+
 int run_sweep(const SweepOptions& options) {
   if (options.directory.empty())
     throw InputError("-o '' is an empty directory name; give the sweep's directory, e.g. -o sweep-out");
@@ -171,6 +221,14 @@ int run_sweep(const SweepOptions& options) {
   const ModelConfig model = resolve_model(options.model);
   validate_cells(grid, model);
   check_options_apply(model, archs, options.arch);
+  if (options.plan) {
+    AtomicOutput output("");
+    output.stream()
+        << plan_document(grid, model, archs, std::filesystem::path(options.directory) / "cells").dump(1)
+        << "\n";
+    output.commit();
+    return 0;
+  }
   ModelConfig largest = model;
   largest.blocks = *std::max_element(grid.depths.begin(), grid.depths.end());
   largest.width = *std::max_element(grid.widths.begin(), grid.widths.end());
@@ -238,6 +296,11 @@ Command setup_sweep(CLI::App& app) {
   sub->add_flag("-v,--verbose", options->verbose,
                 "One line per cell: skipped (already complete) or computed, with its time");
   sub->add_flag("-q,--quiet", options->quiet, "No progress bar, no summary table");
+  sub->add_flag(
+      "--plan", options->plan,
+      "Write the plan as JSON on stdout and stop, creating nothing: every cell in the global order with "
+      "its estimated seconds on one core and peak bytes, and whether its file in -o DIR is complete "
+      "(scripts/sweep-slurm sizes its job array from it)");
   add_placement_options(sub, options->model);
   sub->footer(
       "Finished cells (file present, same configuration) are skipped, so an interrupted sweep resumes where "

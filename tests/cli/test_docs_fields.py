@@ -110,6 +110,8 @@ def every_sweep_and_check_field_is_documented():
         found = json_keys(summary) | json_keys(json.load(open(os.path.join(out, "sweep.json"))))
         header = next(csv.reader(io.StringIO(run("merge", out, "--format", "csv"))))
         found |= set(header)
+        found |= json_keys(json.loads(run("sweep", "--arch", "keel,pre-ln", "--depth", "2,4", "--width", "16",
+                                          "--heads", "2", "--seq", "4", "--seeds", "2", "-o", out, "--plan")))
         result = os.path.join(tmp, "r.json")
         assert subprocess.run([BINARY, "analyze", *SMALL, "--depth", "2", "--arch", "keel", "-o", result]).returncode == 0
         found |= json_keys(json.loads(run("check", result, "--baseline", result, "--json",
