@@ -166,6 +166,10 @@ void warn_diverged(const AnalysisReport& report) {
 
 void write_report(const AnalysisReport& report, const std::string& format, const AnalyzeOptions& options,
                   AtomicOutput& output) {
+  if (const CliHooks* hooks = active_hooks(); hooks && hooks->report) {
+    hooks->report(report);
+    if (options.output.empty() || options.output == "-") return;  // the caller renders it
+  }
   if (format == "csv") {
     write_csv(report, output.stream());
   } else if (format == "table") {
@@ -312,8 +316,10 @@ int run_analyze(const AnalyzeOptions& options) {
   report.results = plan_analysis(model, archs, seed_list(options));
   ProgressBar progress(!options.quiet && stderr_is_terminal(),
                        fmt::format("gradflow analyze ({} run(s))", jobs));
-  run_analysis(report.results,
-               {concurrent, threads, [&](long long done, long long total) { progress.update(done, total); }});
+  run_analysis(report.results, {concurrent, threads, [&](long long done, long long total) {
+                                  progress.update(done, total);
+                                  report_progress_to_hooks(done, total);
+                                }});
   report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   progress.finish();  // clear the bar before warnings and output share the terminal
 

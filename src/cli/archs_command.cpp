@@ -1,5 +1,6 @@
 // `gradflow archs`: the registry of placements, as a table or JSON.
 #include <fmt/format.h>
+#include <fmt/ostream.h>
 
 #include <cmath>
 #include <iostream>
@@ -47,11 +48,12 @@ std::string options_text(const Architecture& arch) {
 // per sublayer and their product over the stack, in log10 (2^(-S/2) underflows at large S).
 void print_closed_forms(const Architecture& arch, const ModelConfig& config) {
   if (!arch.skip_gain_theory) {
-    fmt::print("  skip factor: no closed form\n");
+    fmt::print(std::cout, "  skip factor: no closed form\n");
     return;
   }
   if (arch.profiles_skip_weight) {
-    fmt::print("  skip factor: w_l / sqrt(w_l^2 + 1) with w_l profiled at run time (see skip_gain_theory)\n");
+    fmt::print(std::cout,
+               "  skip factor: w_l / sqrt(w_l^2 + 1) with w_l profiled at run time (see skip_gain_theory)\n");
     return;
   }
   const Constants constants = resolve_constants(arch, config);
@@ -64,13 +66,15 @@ void print_closed_forms(const Architecture& arch, const ModelConfig& config) {
   const int last = config.sublayers() - 1;
   const SublayerContext ctx{config, constants, last, config.block_of(last), config.sublayer_kind(last), 1.0};
   if (const auto theory = arch.skip_gain_theory(ctx)) {
-    fmt::print("  skip factor: {:.6g} per sublayer under the idealised branch (last sublayer)\n", *theory);
+    fmt::print(std::cout, "  skip factor: {:.6g} per sublayer under the idealised branch (last sublayer)\n",
+               *theory);
   }
   if (known == config.sublayers()) {
-    fmt::print("  skip path:   product over all {} sublayers = 10^{:.6g} = {:.6g}\n", known, log10_product,
-               std::pow(10.0, log10_product));
+    fmt::print(std::cout, "  skip path:   product over all {} sublayers = 10^{:.6g} = {:.6g}\n", known,
+               log10_product, std::pow(10.0, log10_product));
   } else {
-    fmt::print("  skip path:   closed form for {} of {} sublayers only\n", known, config.sublayers());
+    fmt::print(std::cout, "  skip path:   closed form for {} of {} sublayers only\n", known,
+               config.sublayers());
   }
 }
 
@@ -110,22 +114,24 @@ int run_archs(const ArchsOptions& options) {
           arch->id, arch->provisional ? "  [PROVISIONAL]" : "", arch->update_rule, arch->final_norm,
           constants_text(*arch, config), config.blocks, config.sublayers(), fmt::join(arch->streams, ", "),
           arch->expected_growth, arch->citation);
-      if (arch->provisional) fmt::print("  provisional: {}\n", arch->provisional_note);
-      if (arch->source != "built-in") fmt::print("  file:        {} ({})\n", arch->source, arch->file_hash);
+      if (arch->provisional) fmt::print(std::cout, "  provisional: {}\n", arch->provisional_note);
+      if (arch->source != "built-in")
+        fmt::print(std::cout, "  file:        {} ({})\n", arch->source, arch->file_hash);
       if (arch->source == "built-in" && !arch->defined_at.empty())  // a built-in's own file, compiled in
-        fmt::print("  file:        {} (compiled in)\n", file_of(arch->defined_at));
-      if (!arch->options.empty()) fmt::print("  options:     {}\n", options_text(*arch));
+        fmt::print(std::cout, "  file:        {} (compiled in)\n", file_of(arch->defined_at));
+      if (!arch->options.empty()) fmt::print(std::cout, "  options:     {}\n", options_text(*arch));
       print_closed_forms(*arch, config);
-      fmt::print("\n");
+      fmt::print(std::cout, "\n");
     } else {
-      fmt::print("{:<16} {}{}\n  final norm: {}\n  constants:  {}\n  source:     {}\n", arch->id,
+      fmt::print(std::cout, "{:<16} {}{}\n  final norm: {}\n  constants:  {}\n  source:     {}\n", arch->id,
                  arch->update_rule, arch->provisional ? "  [PROVISIONAL: see --arch for why]" : "",
                  arch->final_norm, constants_text(*arch, config), arch->citation);
-      if (arch->source != "built-in") fmt::print("  file:       {}\n", arch->source);
+      if (arch->source != "built-in") fmt::print(std::cout, "  file:       {}\n", arch->source);
     }
   }
   if (!detail)
-    fmt::print("\n{} placements. 'gradflow archs --arch ID' for one in detail; --format json for machines.\n",
+    fmt::print(std::cout,
+               "\n{} placements. 'gradflow archs --arch ID' for one in detail; --format json for machines.\n",
                selected.size());
   return 0;
 }

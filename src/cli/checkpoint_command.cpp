@@ -1,6 +1,7 @@
 // analyze --checkpoint DIR and archs --checkpoint DIR (issue 28): a trained Hugging Face model, read
 // from its safetensors files, analysed on real tokens from the language-model loss.
 #include <fmt/format.h>
+#include <fmt/ostream.h>
 
 #include <chrono>
 #include <filesystem>
@@ -22,7 +23,8 @@ std::vector<std::int64_t> random_tokens(int count, int vocab, std::uint64_t seed
   std::vector<std::int64_t> ids(count);
   const std::uint64_t key = stream_key(seed, RandomUse::input, 2);
   for (int t = 0; t < count; ++t)
-    ids[t] = static_cast<std::int64_t>(mix64(key + static_cast<std::uint64_t>(t)) % static_cast<std::uint64_t>(vocab));
+    ids[t] = static_cast<std::int64_t>(mix64(key + static_cast<std::uint64_t>(t)) %
+                                       static_cast<std::uint64_t>(vocab));
   return ids;
 }
 
@@ -67,18 +69,21 @@ int run_analyze_checkpoint(const CheckpointCommand& command,
   }
   const std::string origin = random ? fmt::format("--seq {}", tokens.size()) : command.tokens;
   if (loss == LossKind::lm && tokens.size() < 2)
-    throw InputError(random ? fmt::format("--seq {}: the language-model loss needs at least 2 tokens (each predicts "
-                                          "the next); try --seq 2 or more, or --loss probe",
-                                          tokens.size())
-                            : fmt::format("{}: holds {} token id; the language-model loss needs at least 2 (each "
-                                          "predicts the next); give more ids, or --loss probe",
-                                          origin, tokens.size()));
+    throw InputError(
+        random ? fmt::format("--seq {}: the language-model loss needs at least 2 tokens (each predicts "
+                             "the next); try --seq 2 or more, or --loss probe",
+                             tokens.size())
+               : fmt::format("{}: holds {} token id; the language-model loss needs at least 2 (each "
+                             "predicts the next); give more ids, or --loss probe",
+                             origin, tokens.size()));
   if (spec.position_embedding && static_cast<int>(tokens.size()) > spec.max_positions)
-    throw InputError(fmt::format("{}: {} tokens are more than the {} positions of the model's position embedding "
-                                 "(config.json:n_positions); give at most {}",
-                                 origin, tokens.size(), spec.max_positions, spec.max_positions));
+    throw InputError(
+        fmt::format("{}: {} tokens are more than the {} positions of the model's position embedding "
+                    "(config.json:n_positions); give at most {}",
+                    origin, tokens.size(), spec.max_positions, spec.max_positions));
   if (tokens.size() > static_cast<std::size_t>(kMaxSeq))
-    throw InputError(fmt::format("{}: {} tokens are more than gradflow's limit of {}", origin, tokens.size(), kMaxSeq));
+    throw InputError(
+        fmt::format("{}: {} tokens are more than gradflow's limit of {}", origin, tokens.size(), kMaxSeq));
 
   CheckpointRun run;
   run.spec = spec;
@@ -94,21 +99,24 @@ int run_analyze_checkpoint(const CheckpointCommand& command,
   if (run.config.precision == Precision::f64) fix += ", or --precision f32";
   if (run.config.update_count() > 1) fix += ", or fewer --lr values";
   check_memory_need(memory, 1,
-                    fmt::format("analysing {} ({} layers, width {}, {} tokens)", command.directory, spec.layers,
-                                spec.hidden, tokens.size()),
+                    fmt::format("analysing {} ({} layers, width {}, {} tokens)", command.directory,
+                                spec.layers, spec.hidden, tokens.size()),
                     fix);
   const auto archs = parse_architecture_list(run.config.arch);
   if (random && !command.quiet)
-    fmt::print(stderr,
-               "gradflow: warning: no --tokens: the {} token ids are drawn uniformly by --seed {}, not text; give "
-               "--tokens FILE for the model's behaviour on real text (docs/checkpoints.md)\n",
-               tokens.size(), command.seed);
+    fmt::print(
+        stderr,
+        "gradflow: warning: no --tokens: the {} token ids are drawn uniformly by --seed {}, not text; give "
+        "--tokens FILE for the model's behaviour on real text (docs/checkpoints.md)\n",
+        tokens.size(), command.seed);
   AtomicOutput output(command.output);  // fails now, before any work, if the path is not writable
 
   const auto start = std::chrono::steady_clock::now();
   ProgressBar progress(!command.quiet && stderr_is_terminal(), "gradflow analyze --checkpoint");
-  SeedResult seed =
-      analyze_checkpoint(run, files, [&](long long done, long long total) { progress.update(done, total); });
+  SeedResult seed = analyze_checkpoint(run, files, [&](long long done, long long total) {
+    progress.update(done, total);
+    report_progress_to_hooks(done, total);
+  });
   progress.finish();
 
   AnalysisReport report;
@@ -116,7 +124,8 @@ int run_analyze_checkpoint(const CheckpointCommand& command,
   report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.timing = !command.no_timing;
   report.checkpoint = describe(files);
-  report.checkpoint["tokens_file"] = random ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(command.tokens);
+  report.checkpoint["tokens_file"] =
+      random ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(command.tokens);
   report.checkpoint["loss"] = std::string(to_string(loss));
   ArchResult result;
   result.arch = archs.front();
@@ -146,17 +155,19 @@ void print_checkpoint(const std::string& directory, const std::string& format) {
   std::string dtypes;
   for (const auto& [name, count] : doc["dtypes"].items())
     dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", count.get<int>(), name);
-  fmt::print("checkpoint  {}\n", directory);
-  fmt::print("model_type  {} -> placement {} ({})\n", spec.model_type, std::string(family_placement(spec.family)),
-             doc["update_rule"].get<std::string>());
-  fmt::print("layers      {} ({} sublayers)\n", spec.layers, spec.sublayers());
-  fmt::print("widths      hidden {}, heads {} x {}, kv heads {}, intermediate {}, vocab {}\n", spec.hidden,
-             spec.heads, spec.head_dim, spec.kv_heads, spec.intermediate, spec.vocab);
-  fmt::print("head        {}\n", spec.tied ? "tied to the token embedding" : "its own lm_head.weight");
-  fmt::print("files       {}\n", fmt::join(doc["files"].get<std::vector<std::string>>(), ", "));
-  fmt::print("tensors     {} ({})\n", files.entries().size(), dtypes);
+  fmt::print(std::cout, "checkpoint  {}\n", directory);
+  fmt::print(std::cout, "model_type  {} -> placement {} ({})\n", spec.model_type,
+             std::string(family_placement(spec.family)), doc["update_rule"].get<std::string>());
+  fmt::print(std::cout, "layers      {} ({} sublayers)\n", spec.layers, spec.sublayers());
+  fmt::print(std::cout, "widths      hidden {}, heads {} x {}, kv heads {}, intermediate {}, vocab {}\n",
+             spec.hidden, spec.heads, spec.head_dim, spec.kv_heads, spec.intermediate, spec.vocab);
+  fmt::print(std::cout, "head        {}\n",
+             spec.tied ? "tied to the token embedding" : "its own lm_head.weight");
+  fmt::print(std::cout, "files       {}\n", fmt::join(doc["files"].get<std::vector<std::string>>(), ", "));
+  fmt::print(std::cout, "tensors     {} ({})\n", files.entries().size(), dtypes);
   for (const TensorEntry& entry : files.entries())
-    fmt::print("  {:<52} {:<5} [{}]\n", entry.name, entry.dtype_name, fmt::join(entry.shape, ", "));
+    fmt::print(std::cout, "  {:<52} {:<5} [{}]\n", entry.name, entry.dtype_name,
+               fmt::join(entry.shape, ", "));
 }
 
 }  // namespace gradflow::cli

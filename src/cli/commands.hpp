@@ -46,6 +46,33 @@ struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;
 };
+
+// ---- one command line in this process (run_cli.cpp): main.cpp and the Python module
+// What a caller embedding gradflow sees of a run, besides stdout (std::cout) and the files.
+struct CliHooks {
+  // analyze's finished report, handed over before it is written (not written when it would go
+  // to stdout: the caller renders it).
+  std::function<void(const AnalysisReport&)> report;
+  // (work done, total) as the runs go, from the worker threads (serialised); it may throw
+  // Cancelled to stop the run between two sublayers.
+  std::function<void(long long, long long)> progress;
+};
+// Thrown by a progress hook to stop a run; the command line then ends with exit 130.
+struct Cancelled : std::exception {
+  const char* what() const noexcept override { return "interrupted"; }
+};
+inline constexpr int kExitInterrupted = 130;
+struct CliOutcome {
+  int code = 0;
+  std::string message;  // the one line for stderr ("" when there is none)
+};
+// Parses `args` (without the program name) as gradflow's command line and runs it, with `hooks`
+// (may be null) active for its duration; one call at a time.
+CliOutcome run_cli(const std::string& program, const std::vector<std::string>& args, const CliHooks* hooks);
+// The hooks of the run_cli call in progress, or null.
+const CliHooks* active_hooks();
+// Passes progress to the active hooks, if any (may throw Cancelled).
+void report_progress_to_hooks(long long done, long long total);
 Command setup_analyze(CLI::App& app);
 Command setup_archs(CLI::App& app);
 Command setup_sweep(CLI::App& app);
@@ -115,6 +142,9 @@ void install_signal_cleanup();
 // /dev/full, a closed pipe).
 void check_stdout();
 
+// This machine's name as it appears in temporary file names (letters, digits and '-', at most 32):
+// a sweep directory shared by several machines' tasks cleans up only its own machine's leftovers.
+std::string host_tag();
 // Output that appears whole or not at all: a temporary file beside the target, renamed on
 // commit(); removed if never committed. An empty path means stdout (written at commit()).
 class AtomicOutput {

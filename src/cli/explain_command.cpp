@@ -1,9 +1,11 @@
 // `gradflow explain FIGURE`: one figure's or field's definition and unit, from the reference in
 // docs/ (metrics.md, output.md), which the build embeds so that the binary and the docs agree.
 #include <fmt/format.h>
+#include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <iostream>
 #include <sstream>
 
 #include "commands.hpp"
@@ -62,7 +64,7 @@ int run_explain(const std::string& figure) {
     if (name == figure) {
       std::string trimmed = text;
       while (trimmed.ends_with("\n\n")) trimmed.pop_back();
-      fmt::print("{}", trimmed);
+      fmt::print(std::cout, "{}", trimmed);
       return 0;
     }
     names.push_back(name);
@@ -90,7 +92,7 @@ Command setup_explain(CLI::App& app) {
                 throw InputError(
                     "explain needs a FIGURE, e.g. 'gradflow explain log10_grad_rel'; --list lists them");
               }
-              fmt::print("{}\n", fmt::join(names, "\n"));
+              fmt::print(std::cout, "{}\n", fmt::join(names, "\n"));
               return 0;
             }
             return run_explain(*figure);

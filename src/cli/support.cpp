@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <csignal>
@@ -101,7 +102,7 @@ AtomicOutput::AtomicOutput(std::string path) : path_(std::move(path)) {
         kind));
   }
   std::random_device entropy;
-  temporary_ = fmt::format("{}.tmp.{}.{:x}", path_, ::getpid(), entropy());
+  temporary_ = fmt::format("{}.tmp.{}.{:x}.{}", path_, ::getpid(), entropy(), host_tag());
   slot_ = register_temporary(temporary_);
   file_.open(temporary_, std::ios::binary | std::ios::trunc);
   if (!file_) {
@@ -173,6 +174,17 @@ std::string resolve_output_format(const std::string& format, const CLI::Option* 
   }
   if (to_file) return "json";
   return stdout_is_terminal() ? terminal_format : "json";
+}
+
+std::string host_tag() {
+  std::array<char, 256> name{};
+  if (::gethostname(name.data(), name.size() - 1) != 0) return "host";
+  std::string tag;
+  for (const char c : std::string(name.data())) {
+    if (tag.size() == 32) break;
+    tag += std::isalnum(static_cast<unsigned char>(c)) || c == '-' ? c : '-';
+  }
+  return tag.empty() ? "host" : tag;
 }
 
 void check_stdout() {

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <mutex>
@@ -33,15 +34,21 @@ struct SweepOptions {
 };
 
 // A sweep killed by SIGKILL (which no handler sees) leaves its cells' temporary files,
-// NAME.tmp.PID.HEX; those of processes no longer running are removed when the sweep resumes.
+// NAME.tmp.PID.HEX.HOST; those of this machine's processes no longer running are removed when the
+// sweep resumes. Another machine's (a job array's task elsewhere, on a shared file system) are left
+// alone: its PID means nothing here.
 void remove_stale_temporaries(const std::filesystem::path& cells_directory) {
   std::error_code error;
+  const std::string host = host_tag();
   for (const auto& entry : std::filesystem::directory_iterator(cells_directory, error)) {
     const std::string name = entry.path().filename().string();
     const auto at = name.find(".json.tmp.");
     if (at == std::string::npos) continue;
-    const long pid = std::strtol(name.c_str() + at + 10, nullptr, 10);
-    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + at + 10, &end, 10);
+    const char* host_at = std::strchr(end, '.') ? std::strchr(std::strchr(end, '.') + 1, '.') : nullptr;
+    const bool this_host = host_at == nullptr || host == host_at + 1;  // no host: an older gradflow's
+    if (this_host && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
       std::filesystem::remove(entry.path(), error);
     }
   }
@@ -85,10 +92,11 @@ void validate_cells(const SweepGrid& grid, const ModelConfig& model) {
   }
 }
 
-// DIR/sweep.json, written (or found equal) before any cell: the manifest is the same for every
-// shard, so shards may share DIR; a different model is refused.
-json write_manifest(const std::filesystem::path& directory, const SweepGrid& grid, const ModelConfig& model) {
-  const json manifest = json::parse(sweep_manifest(grid, model).dump());
+// The manifest of this sweep, after checking that DIR/sweep.json, if there, describes the same
+// model: shards may share DIR, another model in it is refused. Reads only.
+json checked_manifest(const std::filesystem::path& directory, const SweepGrid& grid,
+                      const ModelConfig& model) {
+  json manifest = json::parse(sweep_manifest(grid, model).dump());
   const std::string manifest_path = (directory / "sweep.json").string();
   if (path_exists(manifest_path)) {
     const json existing = read_json_file(manifest_path);
@@ -100,7 +108,14 @@ json write_manifest(const std::filesystem::path& directory, const SweepGrid& gri
           manifest_path, difference.substr(0, difference.find(':')), difference));
     }
   }
-  write_file_atomically(manifest_path, manifest.dump(1) + "\n");
+  return manifest;
+}
+
+// DIR/sweep.json, written (or found equal) before any cell: the manifest is the same for every
+// shard.
+json write_manifest(const std::filesystem::path& directory, const SweepGrid& grid, const ModelConfig& model) {
+  json manifest = checked_manifest(directory, grid, model);
+  write_file_atomically((directory / "sweep.json").string(), manifest.dump(1) + "\n");
   return manifest;
 }
 
@@ -138,8 +153,10 @@ void compute_cells(std::vector<CellPlan>& pending, const SweepOptions& options) 
   std::mutex mutex;
   // Cells are independent and each is deterministic, so --jobs changes no byte of any file. With
   // one job the engine splits each op over two cores (same numbers).
-  const RunnerOptions runner{options.jobs, omp_get_max_threads(),
-                             [&](long long done, long long total) { progress.update(done, total); }};
+  const RunnerOptions runner{options.jobs, omp_get_max_threads(), [&](long long done, long long total) {
+                               progress.update(done, total);
+                               report_progress_to_hooks(done, total);
+                             }};
   run_all(runs, runner, [&](std::size_t j, SeedResult&& seed, double seconds) {
     CellPlan& job = pending[j];
     job.run.seeds[0] = std::move(seed);
@@ -222,6 +239,7 @@ int run_sweep(const SweepOptions& options) {
   validate_cells(grid, model);
   check_options_apply(model, archs, options.arch);
   if (options.plan) {
+    checked_manifest(options.directory, grid, model);  // what every task would refuse, refused now
     AtomicOutput output("");
     output.stream()
         << plan_document(grid, model, archs, std::filesystem::path(options.directory) / "cells").dump(1)

@@ -11,6 +11,8 @@ stops them too if this process is killed).
      baseline (exit 0 when it holds, 1 for a regression);
   3. a task that fails with an input error (exit 2) keeps the merge job from running, and the
      submitter names the task, the reason and the log, and exits 2;
+  4. a time limit above the partition's is refused (pending with a Partition* reason), not waited on;
+  5. a rerun while an earlier --no-wait submission is still queued is refused;
   plus the submitter's own refusals (exit 2, one line, nothing submitted).
 
 Usage: test_sweep_slurm.py GRADFLOW. Exit 0 pass, 1 fail, 77 skipped (the reason printed): only when
@@ -106,6 +108,9 @@ def main():
         started = subprocess.run(["bash", LOCAL_SLURM, "start", slurm, str(os.getpid())], capture_output=True,
                                  text=True)
         if started.returncode != 0:
+            if os.environ.get("CI") == "true":  # installed by the bootstrap there: a failure to start is a bug
+                print(f"FAIL: SLURM is installed but did not start: {started.stderr.strip()}")
+                return 1
             print(f"SKIP: SLURM could not start here: {started.stderr.strip()}")
             return SKIP
         os.environ["SLURM_CONF"] = os.path.join(slurm, "slurm.conf")
@@ -178,9 +183,12 @@ def scenarios(gradflow, work):
                                    text=True).stdout.split()
             job = found[0] if found else None
         done = [cell for cell in mine if os.path.exists(os.path.join(directory, cell))]
-        if job and done:
+        state = subprocess.run(["squeue", "-h", "-j", f"{job}_2", "-o", "%T"], capture_output=True,
+                               text=True).stdout.strip() if job else ""
+        if done and state == "RUNNING":
             subprocess.run(["scancel", f"{job}_2"], check=True)
-            cancelled_after = len(done)
+            # Counted after the cancel: cells that finished meanwhile count as done before it.
+            cancelled_after = len([cell for cell in mine if os.path.exists(os.path.join(directory, cell))])
         time.sleep(0.05)
     stdout, stderr = run.communicate(timeout=600)
     check(cancelled_after is not None and cancelled_after < len(mine),
@@ -215,6 +223,20 @@ def scenarios(gradflow, work):
             break
         time.sleep(0.2)
     check(queue_empty(), "no job is left in the queue")
+
+    # 4. Jobs that can never start (a time limit above the partition's 1 day): refused, not waited on.
+    run = submitter(gradflow, f"{work}/never", "--time", "2-00:00:00")
+    check(run.returncode == 2 and re.search(r"cannot start: .* reason Partition(TimeLimit|Config)", run.stderr_text)
+          and queue_empty(),
+          f"a time limit above the partition's is refused and the jobs cancelled ({run.returncode}: "
+          f"{run.stderr_text.strip().splitlines()[-1:]})")
+
+    # 5. A rerun while the first submission (--no-wait) is still queued would run every shard twice.
+    run = submitter(gradflow, f"{work}/twice", "--no-wait")
+    again = submitter(gradflow, f"{work}/twice", "--no-wait")
+    check(run.returncode == 0 and again.returncode == 2 and "still queued or running" in again.stderr_text,
+          f"a rerun while the first submission is queued is refused ({again.returncode}: {again.stderr_text.strip()})")
+    subprocess.run(["scancel", "--partition=local"], capture_output=True)
 
 
 if __name__ == "__main__":

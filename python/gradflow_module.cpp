@@ -1,0 +1,152 @@
+// gradflow._gradflow: the Python module's native part. It runs one gradflow command line in this
+// process (cli::run_cli, the code the binary runs), so that options, defaults, validation and
+// messages are the CLI's own; python/gradflow/__init__.py turns keyword arguments into that
+// command line and the results into Python objects (docs/python.md).
+//
+// While a command runs the GIL is released and the work runs on its own thread; the calling
+// thread wakes every 20 ms to run Python's signal handlers (Ctrl-C) and the progress callback, so
+// both happen on the interpreter's main thread. An exception from either stops the run at the
+// next sublayer (the progress hook throws cli::Cancelled there) and is raised once the run ended.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "commands.hpp"
+#include "gradflow/kernels.hpp"
+#include "gradflow/report.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+// An analyze report kept on the C++ side: rendered to the CLI's JSON or CSV text on request.
+class Report {
+ public:
+  explicit Report(gradflow::AnalysisReport report) : report_(std::move(report)) {}
+  std::string json() const {
+    std::ostringstream out;
+    gradflow::write_json(report_, out);
+    return out.str();
+  }
+  std::string csv() const {
+    std::ostringstream out;
+    gradflow::write_csv(report_, out);
+    return out.str();
+  }
+
+ private:
+  gradflow::AnalysisReport report_;
+};
+
+struct Outcome {
+  int code = 0;
+  std::string stdout_text, message;
+  std::shared_ptr<Report> report;
+};
+
+// One command line at a time: the CLI's hooks and std::cout are process-wide.
+std::mutex g_one_command;
+
+// std::cout redirected into a string for the duration of a command.
+class CaptureStdout {
+ public:
+  CaptureStdout() : previous_(std::cout.rdbuf(buffer_.rdbuf())) {}
+  ~CaptureStdout() { std::cout.rdbuf(previous_); }
+  CaptureStdout(const CaptureStdout&) = delete;
+  CaptureStdout& operator=(const CaptureStdout&) = delete;
+  std::string text() const { return buffer_.str(); }
+
+ private:
+  std::ostringstream buffer_;
+  std::streambuf* previous_;
+};
+
+Outcome run(const std::vector<std::string>& args, const py::object& progress) {
+  std::lock_guard one_at_a_time(g_one_command);
+  Outcome outcome;
+  std::atomic<bool> cancel{false}, finished{false};
+  std::atomic<long long> done{0}, total{0};
+  gradflow::cli::CliHooks hooks;
+  hooks.report = [&](const gradflow::AnalysisReport& report) { outcome.report = std::make_shared<Report>(report); };
+  hooks.progress = [&](long long now, long long of) {
+    done.store(now), total.store(of);
+    if (cancel.load()) throw gradflow::cli::Cancelled();
+  };
+  std::mutex mutex;
+  std::condition_variable wake;
+  py::object raised_type, raised_value, raised_trace;  // a Python exception to raise after the run
+  {
+    CaptureStdout captured;
+    gradflow::cli::CliOutcome result;
+    py::gil_scoped_release release;
+    std::thread worker([&] {
+      result = gradflow::cli::run_cli("gradflow", args, &hooks);  // catches everything itself
+      std::lock_guard lock(mutex);
+      finished.store(true);
+      wake.notify_all();
+    });
+    long long reported = -1;
+    while (!finished.load()) {
+      {
+        std::unique_lock lock(mutex);
+        wake.wait_for(lock, std::chrono::milliseconds(20), [&] { return finished.load(); });
+      }
+      py::gil_scoped_acquire acquire;
+      if (!raised_type && PyErr_CheckSignals() != 0) {  // Ctrl-C: KeyboardInterrupt is now set
+        PyObject *type, *value, *trace;
+        PyErr_Fetch(&type, &value, &trace);
+        raised_type = py::reinterpret_steal<py::object>(type);
+        raised_value = py::reinterpret_steal<py::object>(value);
+        raised_trace = py::reinterpret_steal<py::object>(trace);
+        cancel.store(true);
+      }
+      if (!raised_type && !progress.is_none() && total.load() > 0 && done.load() != reported) {
+        reported = done.load();
+        try {
+          progress(reported, total.load());
+        } catch (py::error_already_set& error) {
+          raised_type = error.type(), raised_value = error.value(), raised_trace = error.trace();
+          cancel.store(true);
+        }
+      }
+    }
+    worker.join();
+    outcome.code = result.code;
+    outcome.message = result.message;
+    outcome.stdout_text = captured.text();
+  }
+  if (raised_type) {
+    PyErr_Restore(raised_type.release().ptr(), raised_value.release().ptr(), raised_trace.release().ptr());
+    throw py::error_already_set();
+  }
+  return outcome;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_gradflow, module) {
+  module.doc() = "gradflow's native part: one command line run in this process (see the gradflow package)";
+  gradflow::use_single_threaded_blas();  // as the binary's main: the library leaves OpenBLAS's threads alone
+  py::class_<Report, std::shared_ptr<Report>>(module, "Report")
+      .def("json", &Report::json, "The analyze JSON document, as the CLI writes it")
+      .def("csv", &Report::csv, "The analyze CSV, as the CLI writes it");
+  py::class_<Outcome>(module, "Outcome")
+      .def_readonly("code", &Outcome::code)
+      .def_readonly("stdout", &Outcome::stdout_text)
+      .def_readonly("message", &Outcome::message)
+      .def_readonly("report", &Outcome::report);
+  module.def("run", &run, py::arg("args"), py::arg("progress") = py::none(),
+             "Runs one gradflow command line (without the program name) in this process; returns its exit "
+             "code, its stdout, its one-line message and, for analyze, its report");
+  module.attr("version") = GRADFLOW_VERSION;
+}

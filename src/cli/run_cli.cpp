@@ -1,0 +1,106 @@
+// One gradflow command line, run in this process: parse, run the chosen subcommand, map every
+// error to an exit code and one line. main.cpp prints the line; the Python module (python/)
+// raises it, so both speak with the same messages.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "commands.hpp"
+#include "gradflow/errors.hpp"
+#include "gradflow/kernels.hpp"
+
+namespace gradflow::cli {
+
+namespace {
+std::atomic<const CliHooks*> g_hooks{nullptr};
+
+// Sets the hooks for the duration of one run_cli call.
+class ActiveHooks {
+ public:
+  explicit ActiveHooks(const CliHooks* hooks) { g_hooks.store(hooks); }
+  ~ActiveHooks() { g_hooks.store(nullptr); }
+  ActiveHooks(const ActiveHooks&) = delete;
+  ActiveHooks& operator=(const ActiveHooks&) = delete;
+};
+
+CliOutcome failure(const std::string& what) {
+  return {static_cast<int>(ExitCode::bad_input), fmt::format("gradflow: error: {}", what)};
+}
+
+CliOutcome run_parsed(const std::vector<Command>& commands) {
+  // Every exception ends here, whatever thread threw it (workers hand theirs to the main
+  // thread): one line and exit 2, or 1 for a failed check. Nothing reaches terminate.
+  try {
+    kernel_choice();  // a bad GRADFLOW_KERNELS is refused here, before any work
+    int code = static_cast<int>(ExitCode::bad_input);
+    for (const auto& command : commands) {
+      if (command.app->parsed()) {
+        code = command.run();
+        break;
+      }
+    }
+    check_stdout();  // data lost on stdout (a full disk, /dev/full) is an error, not exit 0
+    return {code, ""};
+  } catch (const Cancelled&) {
+    return {kExitInterrupted, "gradflow: interrupted"};
+  } catch (const InputError& error) {
+    return failure(error.what());
+  } catch (const CheckFailed& error) {
+    return {static_cast<int>(ExitCode::check_failed),
+            fmt::format("gradflow: check failed: {}", error.what())};
+  } catch (const std::bad_alloc&) {
+    return failure("out of memory; try a smaller --depth, --width or --seq, or --precision f32");
+  } catch (const std::length_error& error) {
+    return failure(fmt::format(
+        "out of memory: a size is too large ({}); try a smaller --depth, --width or --seq", error.what()));
+  } catch (const nlohmann::json::exception& error) {
+    return failure(fmt::format("a document does not have the shape gradflow writes ({})", error.what()));
+  } catch (const std::system_error& error) {  // I/O errors (fmt, the file system), threads not started
+    return failure(fmt::format("system error: {}", error.what()));
+  } catch (const std::exception& error) {
+    return failure(fmt::format("internal error: {}; please report it with the command line", error.what()));
+  }
+}
+}  // namespace
+
+const CliHooks* active_hooks() {
+  return g_hooks.load();
+}
+
+void report_progress_to_hooks(long long done, long long total) {
+  if (const CliHooks* hooks = active_hooks(); hooks && hooks->progress) hooks->progress(done, total);
+}
+
+CliOutcome run_cli(const std::string& program, const std::vector<std::string>& args, const CliHooks* hooks) {
+  ActiveHooks active(hooks);
+  CLI::App app{"gradflow: signal and gradient flow in deep Transformer stacks, measured exactly at depth."};
+  app.set_version_flag("--version", std::string("gradflow ") + GRADFLOW_VERSION);
+  app.require_subcommand(1);
+  app.name(program);  // the usage lines name it, as parse(argc, argv) would
+  app.footer(
+      "Definitions of every placement and figure, with units: docs/ (placements.md, metrics.md, output.md), "
+      "or 'gradflow explain FIGURE'. Exit codes: 0 ok, 1 check failed, 2 bad input.");
+  std::vector<Command> commands;
+  try {  // the placement flags come from the registry: a broken file in GRADFLOW_PLACEMENTS stops here
+    commands = {setup_analyze(app), setup_archs(app), setup_sweep(app),
+                setup_merge(app),   setup_check(app), setup_explain(app)};
+  } catch (const InputError& error) {
+    return failure(error.what());
+  }
+  if (const std::string message = unknown_subcommand(app, args); !message.empty())
+    return {static_cast<int>(ExitCode::bad_input), message};
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them back to front
+    app.parse(reversed);
+  } catch (const CLI::ParseError& error) {
+    if (error.get_exit_code() == 0) return {app.exit(error), ""};  // --help, --version (on stdout)
+    // One line naming the value, the fix and the subcommand's --help.
+    return {static_cast<int>(ExitCode::bad_input), parse_error_message(app, error, args)};
+  }
+  return run_parsed(commands);
+}
+
+}  // namespace gradflow::cli
