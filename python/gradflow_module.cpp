@@ -96,11 +96,12 @@ Outcome run(const std::vector<std::string>& args, const py::object& progress) {
       wake.notify_all();
     });
     long long reported = -1;
-    while (!finished.load()) {
+    for (bool last = false; !last;) {
       {
         std::unique_lock lock(mutex);
         wake.wait_for(lock, std::chrono::milliseconds(20), [&] { return finished.load(); });
       }
+      last = finished.load();  // one more pass after the end: the callback sees the final count
       py::gil_scoped_acquire acquire;
       if (!raised_type && PyErr_CheckSignals() != 0) {  // Ctrl-C: KeyboardInterrupt is now set
         PyObject *type, *value, *trace;

@@ -123,9 +123,14 @@ struct Architecture {
   bool unit_norm_weights = false;
 };
 
-// Built-ins, then placement files (data/placements, GRADFLOW_PLACEMENTS, then --arch PATH.toml as
-// loaded); a deque, so that references stay valid as files are added.
-const std::deque<Architecture>& architectures();
+// Built-ins, then placement files (data/placements, GRADFLOW_PLACEMENTS), then the files named by
+// path (--arch PATH.toml) since the last forget_placement_files(), as loaded. Every pointer stays
+// valid for the life of the process.
+std::vector<const Architecture*> architectures();
+// Forgets the placement files named by path: the next --arch PATH.toml reads its file again, and
+// another file may reuse its id. A process running several command lines (the Python module)
+// calls it before each; results keep their (still valid) pointers.
+void forget_placement_files();
 // By id or alias, or a placement file by path (ending in .toml);
 // throws InputError naming the nearest valid id.
 const Architecture& find_architecture(std::string_view id);

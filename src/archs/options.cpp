@@ -15,8 +15,8 @@ namespace gradflow {
 
 std::vector<const PlacementOption*> placement_options() {
   std::vector<const PlacementOption*> options;
-  for (const Architecture& arch : architectures()) {
-    for (const PlacementOption& option : arch.options) {
+  for (const Architecture* arch : architectures()) {
+    for (const PlacementOption& option : arch->options) {
       const bool seen = std::any_of(options.begin(), options.end(),
                                     [&](const PlacementOption* other) { return other->key == option.key; });
       if (!seen) options.push_back(&option);
@@ -55,8 +55,8 @@ bool declares_option(const Architecture& arch, std::string_view key) {
 
 std::vector<std::string_view> placements_declaring(std::string_view key) {
   std::vector<std::string_view> ids;
-  for (const Architecture& arch : architectures()) {
-    if (declares_option(arch, key)) ids.push_back(arch.id);
+  for (const Architecture* arch : architectures()) {
+    if (declares_option(*arch, key)) ids.push_back(arch->id);
   }
   return ids;
 }

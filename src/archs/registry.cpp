@@ -93,33 +93,40 @@ bool same_declaration(const PlacementOption& a, const PlacementOption& b) {
          a.in_run_config == b.in_run_config && a.in_sweep_model == b.in_sweep_model;
 }
 
-void check_same_option(const std::deque<Architecture>& table, const PlacementOption& option) {
-  for (const Architecture& other : table) {
-    for (const PlacementOption& first : other.options) {
+void check_same_option(const std::vector<const Architecture*>& table, const PlacementOption& option) {
+  for (const Architecture* other : table) {
+    for (const PlacementOption& first : other->options) {
       if (first.key != option.key) continue;
       if (!same_declaration(first, option))
         throw InputError(fmt::format(
             "{}: option '{}' is declared differently by '{}' ({}); one key is one flag: copy that table",
-            option.defined_at, std::string(option.key), std::string(other.id), first.defined_at));
+            option.defined_at, std::string(option.key), std::string(other->id), first.defined_at));
       return;
     }
   }
 }
 
-// Refuses a second definition of an id (or alias), naming both sources.
-void add_unique(std::deque<Architecture>& table, Architecture arch) {
-  for (const Architecture& other : table) {
-    std::vector<std::string_view> names = other.aliases;
-    names.push_back(other.id);
+// Refuses a second definition of an id (or alias) among `table`, naming both sources, and an
+// option declared differently.
+void check_unique(const std::vector<const Architecture*>& table, const Architecture& arch) {
+  for (const Architecture* other : table) {
+    std::vector<std::string_view> names = other->aliases;
+    names.push_back(other->id);
     for (const std::string_view name : names) {
       if (name == arch.id ||
           std::find(arch.aliases.begin(), arch.aliases.end(), name) != arch.aliases.end()) {
         throw InputError(fmt::format("{}: placement '{}' is already defined by {}; give it another id",
-                                     arch.defined_at, std::string(name), other.source));
+                                     arch.defined_at, std::string(name), other->source));
       }
     }
   }
   for (const PlacementOption& option : arch.options) check_same_option(table, option);
+}
+
+void add_unique(std::deque<Architecture>& table, Architecture arch) {
+  std::vector<const Architecture*> others;
+  for (const Architecture& other : table) others.push_back(&other);
+  check_unique(others, arch);
   table.push_back(std::move(arch));
 }
 
@@ -149,26 +156,51 @@ std::deque<Architecture>& registry() {
   return table;
 }
 
-// A placement file named by path, loaded once per path.
+// Placement files named by path: every one ever loaded (never shrinks, so that results keep their
+// pointers), and those of the current command line, by path as typed.
+std::deque<Architecture>& loaded_files() {
+  static std::deque<Architecture> all;
+  return all;
+}
+struct FileSession {
+  std::map<std::string, const Architecture*, std::less<>> by_path;
+  std::vector<const Architecture*> current;
+};
+FileSession& file_session() {
+  static FileSession session;
+  return session;
+}
+
+// A placement file named by path, loaded once per path and command line.
 const Architecture& architecture_from_path(std::string_view path) {
-  static std::map<std::string, const Architecture*, std::less<>> by_path;
-  if (const auto known = by_path.find(path); known != by_path.end()) return *known->second;
+  FileSession& session = file_session();
+  if (const auto known = session.by_path.find(path); known != session.by_path.end()) return *known->second;
   std::error_code error;
   const std::string absolute = std::filesystem::weakly_canonical(std::string(path), error).string();
   for (const Architecture& arch : registry()) {
     std::error_code ignored;
     if (arch.source != "built-in" &&
         std::filesystem::weakly_canonical(std::string(arch.source), ignored) == absolute)
-      return *(by_path[std::string(path)] = &arch);
+      return *(session.by_path[std::string(path)] = &arch);
   }
-  std::deque<Architecture>& table = registry();
-  add_unique(table, load_placement_file(std::string(path)));
-  return *(by_path[std::string(path)] = &table.back());
+  Architecture arch = load_placement_file(std::string(path));
+  check_unique(architectures(), arch);
+  loaded_files().push_back(std::move(arch));
+  session.current.push_back(&loaded_files().back());
+  return *(session.by_path[std::string(path)] = &loaded_files().back());
 }
 }  // namespace
 
-const std::deque<Architecture>& architectures() {
-  return registry();
+std::vector<const Architecture*> architectures() {
+  std::vector<const Architecture*> all;
+  for (const Architecture& arch : registry()) all.push_back(&arch);
+  const std::vector<const Architecture*>& current = file_session().current;
+  all.insert(all.end(), current.begin(), current.end());
+  return all;
+}
+
+void forget_placement_files() {
+  file_session() = FileSession{};
 }
 
 namespace {
@@ -192,13 +224,13 @@ const Architecture& find_architecture(std::string_view id) {
   if (is_placement_path(id)) return architecture_from_path(id);
   std::vector<std::string> spellings;
   std::vector<const Architecture*> owners;
-  for (const Architecture& arch : architectures()) {
-    if (arch.id == id || std::find(arch.aliases.begin(), arch.aliases.end(), id) != arch.aliases.end())
-      return arch;
-    spellings.push_back(canonical_spelling(arch.id));
-    owners.push_back(&arch);
-    for (const auto alias : arch.aliases)
-      spellings.push_back(canonical_spelling(alias)), owners.push_back(&arch);
+  for (const Architecture* arch : architectures()) {
+    if (arch->id == id || std::find(arch->aliases.begin(), arch->aliases.end(), id) != arch->aliases.end())
+      return *arch;
+    spellings.push_back(canonical_spelling(arch->id));
+    owners.push_back(arch);
+    for (const auto alias : arch->aliases)
+      spellings.push_back(canonical_spelling(alias)), owners.push_back(arch);
   }
   const std::string typed = canonical_spelling(id);
   const std::string nearest = nearest_name(typed, spellings);
@@ -215,8 +247,7 @@ const Architecture& find_architecture(std::string_view id) {
 std::vector<const Architecture*> parse_architecture_list(std::string_view list) {
   std::vector<const Architecture*> result;
   if (list == "all") {
-    for (const Architecture& arch : architectures()) result.push_back(&arch);
-    return result;
+    return architectures();
   }
   std::size_t start = 0;
   while (start <= list.size()) {

@@ -88,7 +88,7 @@ int run_archs(const ArchsOptions& options) {
   validate(config);
   std::vector<const Architecture*> selected;
   if (options.arch.empty()) {
-    for (const Architecture& arch : architectures()) selected.push_back(&arch);
+    selected = architectures();
   } else {
     selected = parse_architecture_list(options.arch);
   }
@@ -107,6 +107,7 @@ int run_archs(const ArchsOptions& options) {
   for (const Architecture* arch : selected) {
     if (detail) {
       fmt::print(
+          std::cout,
           "{}{}\n  update:      {}\n  final norm:  {}\n  constants:   {}  (at depth B = {}, S = {})\n  "
           "streams:     {}\n"
           "  growth:      {} at init (growth class of the residual stream, docs/metrics.md)\n  source:      "

@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "commands.hpp"
+#include "gradflow/architecture.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/kernels.hpp"
 
@@ -76,6 +77,7 @@ void report_progress_to_hooks(long long done, long long total) {
 
 CliOutcome run_cli(const std::string& program, const std::vector<std::string>& args, const CliHooks* hooks) {
   ActiveHooks active(hooks);
+  forget_placement_files();  // each command line reads the placement files it names afresh
   CLI::App app{"gradflow: signal and gradient flow in deep Transformer stacks, measured exactly at depth."};
   app.set_version_flag("--version", std::string("gradflow ") + GRADFLOW_VERSION);
   app.require_subcommand(1);

@@ -26,7 +26,8 @@ TEST_CASE(
       {"olmo2", "sqrt"},      {"rezero", "bounded"}};
   const std::map<std::string, std::pair<std::string, std::string>> stream_families = {
       {"resi-dual", {"d", "sqrt"}}, {"siamese-norm", {"Y", "sqrt"}}};
-  for (const Architecture& arch : architectures()) {
+  for (const Architecture* arch_pointer : architectures()) {
+    const Architecture& arch = *arch_pointer;
     const SeedResult result = analyze_seed(config, arch, resolve_constants(arch, config), 0);
     CAPTURE(arch.id);
     CAPTURE(result.growth.exponent);

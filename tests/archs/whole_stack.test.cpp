@@ -48,7 +48,8 @@ ModelConfig small_config() {
 
 TEST_CASE("every placement's whole-stack gradient matches central differences (float64)") {
   double worst = 0;
-  for (const Architecture& arch : architectures()) {
+  for (const Architecture* arch_pointer : architectures()) {
+    const Architecture& arch = *arch_pointer;
     double worst_of_arch = 0;
     for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn, BlockKind::attn}) {
       for (const NormKind norm : {NormKind::rms, NormKind::layer, NormKind::dyt}) {
@@ -70,7 +71,8 @@ TEST_CASE("every placement's whole-stack gradient matches central differences (f
 }
 
 TEST_CASE("whole-stack gradients hold for every base init and the idealised branch") {
-  for (const Architecture& arch : architectures()) {
+  for (const Architecture* arch_pointer : architectures()) {
+    const Architecture& arch = *arch_pointer;
     for (const InitKind init : {InitKind::gpt2, InitKind::small}) {
       ModelConfig config = small_config();
       config.init = init;
@@ -115,7 +117,8 @@ double directional_error(const ModelConfig& config, const Architecture& arch, in
 TEST_CASE(
     "whole-stack gradients hold for every placement with gated FFNs, rotary embeddings and shared KV heads") {
   double worst = 0;
-  for (const Architecture& arch : architectures()) {
+  for (const Architecture* arch_pointer : architectures()) {
+    const Architecture& arch = *arch_pointer;
     for (const FfnKind ffn : {FfnKind::gelu, FfnKind::swiglu, FfnKind::geglu}) {
       for (const double rope_theta : {0.0, 10000.0}) {
         for (const int kv_heads : {4, 2, 1}) {

@@ -38,7 +38,8 @@ TEST_CASE("every placement flagged additive decomposes its final stream exactly 
   config.precision = Precision::f64;
   config.options["rezero_alpha"] = 0.5;  // a non-trivial rezero stack
   int additive = 0;
-  for (const Architecture& arch : architectures()) {
+  for (const Architecture* arch_pointer : architectures()) {
+    const Architecture& arch = *arch_pointer;
     if (!arch.additive_stream) continue;
     ++additive;
     const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 1);

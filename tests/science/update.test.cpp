@@ -114,7 +114,8 @@ void check_linear_in_eta(bool norm_gains, FfnKind ffn = FfnKind::gelu) {
   ModelConfig config = small_config(UpdateRule::sgd, rates);
   config.update_norm_gains = norm_gains;
   config.ffn = ffn;
-  for (const Architecture& arch : architectures()) {
+  for (const Architecture* arch_pointer : architectures()) {
+    const Architecture& arch = *arch_pointer;
     CAPTURE(arch.id);
     CAPTURE(norm_gains);
     CAPTURE(to_string(ffn));
