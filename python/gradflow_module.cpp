@@ -141,10 +141,15 @@ PYBIND11_MODULE(_gradflow, module) {
   py::class_<Report, std::shared_ptr<Report>>(module, "Report")
       .def("json", &Report::json, "The analyze JSON document, as the CLI writes it")
       .def("csv", &Report::csv, "The analyze CSV, as the CLI writes it");
+  // Text as str; bytes that are not UTF-8 (a message may quote a malformed file) become U+FFFD.
+  const auto text = [](const std::string& bytes) {
+    return py::reinterpret_steal<py::str>(
+        PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "replace"));
+  };
   py::class_<Outcome>(module, "Outcome")
       .def_readonly("code", &Outcome::code)
-      .def_readonly("stdout", &Outcome::stdout_text)
-      .def_readonly("message", &Outcome::message)
+      .def_property_readonly("stdout", [text](const Outcome& o) { return text(o.stdout_text); })
+      .def_property_readonly("message", [text](const Outcome& o) { return text(o.message); })
       .def_readonly("report", &Outcome::report);
   module.def("run", &run, py::arg("args"), py::arg("progress") = py::none(),
              "Runs one gradflow command line (without the program name) in this process; returns its exit "
