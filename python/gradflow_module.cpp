@@ -13,10 +13,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,8 +56,11 @@ struct Outcome {
   std::shared_ptr<Report> report;
 };
 
-// One command line at a time: the CLI's hooks and std::cout are process-wide.
+// One command line at a time: the CLI's hooks and std::cout are process-wide. The owner is
+// remembered so that a call from inside a running command (its progress callback, a signal
+// handler) is refused instead of waiting for itself.
 std::mutex g_one_command;
+std::atomic<std::thread::id> g_owner{};
 
 // std::cout redirected into a string for the duration of a command.
 class CaptureStdout {
@@ -71,26 +76,58 @@ class CaptureStdout {
   std::streambuf* previous_;
 };
 
-Outcome run(const std::vector<std::string>& args, const py::object& progress) {
-  std::lock_guard one_at_a_time(g_one_command);
+// Takes the one-command lock without holding the GIL (the running command needs it every 20 ms),
+// answering Ctrl-C while it waits.
+std::unique_lock<std::mutex> take_command_lock() {
+  if (g_owner.load() == std::this_thread::get_id())
+    throw std::runtime_error(
+        "gradflow cannot be called while it runs a command on this thread (from a progress "
+        "callback or a signal handler)");
+  std::unique_lock lock(g_one_command, std::defer_lock);
+  while (true) {
+    {
+      py::gil_scoped_release release;
+      if (lock.try_lock()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+  g_owner.store(std::this_thread::get_id());
+  return lock;
+}
+
+Outcome run(const std::vector<std::string>& args, const py::object& progress, bool want_report) {
+  std::unique_lock one_at_a_time = take_command_lock();
+  struct ReleaseOwner {
+    ~ReleaseOwner() { g_owner.store(std::thread::id{}); }
+  } release_owner;
   Outcome outcome;
   std::atomic<bool> cancel{false}, finished{false};
   std::atomic<long long> done{0}, total{0};
   gradflow::cli::CliHooks hooks;
-  hooks.report = [&](const gradflow::AnalysisReport& report) { outcome.report = std::make_shared<Report>(report); };
+  if (want_report)
+    hooks.report = [&](const gradflow::AnalysisReport& report) {
+      outcome.report = std::make_shared<Report>(report);
+    };
   hooks.progress = [&](long long now, long long of) {
     done.store(now), total.store(of);
     if (cancel.load()) throw gradflow::cli::Cancelled();
   };
+  hooks.stdout_captured = true;
   std::mutex mutex;
   std::condition_variable wake;
   py::object raised_type, raised_value, raised_trace;  // a Python exception to raise after the run
+  std::exception_ptr failure;                          // a C++ one (should not happen: run_cli catches all)
   {
     CaptureStdout captured;
     gradflow::cli::CliOutcome result;
     py::gil_scoped_release release;
     std::thread worker([&] {
-      result = gradflow::cli::run_cli("gradflow", args, &hooks);  // catches everything itself
+      try {
+        result = gradflow::cli::run_cli("gradflow", args, &hooks);  // catches everything itself
+      } catch (...) {
+        failure = std::current_exception();
+      }
       std::lock_guard lock(mutex);
       finished.store(true);
       wake.notify_all();
@@ -103,22 +140,18 @@ Outcome run(const std::vector<std::string>& args, const py::object& progress) {
       }
       last = finished.load();  // one more pass after the end: the callback sees the final count
       py::gil_scoped_acquire acquire;
-      if (!raised_type && PyErr_CheckSignals() != 0) {  // Ctrl-C: KeyboardInterrupt is now set
-        PyObject *type, *value, *trace;
-        PyErr_Fetch(&type, &value, &trace);
-        raised_type = py::reinterpret_steal<py::object>(type);
-        raised_value = py::reinterpret_steal<py::object>(value);
-        raised_trace = py::reinterpret_steal<py::object>(trace);
-        cancel.store(true);
-      }
-      if (!raised_type && !progress.is_none() && total.load() > 0 && done.load() != reported) {
-        reported = done.load();
-        try {
+      try {
+        if (!raised_type && PyErr_CheckSignals() != 0) throw py::error_already_set();  // Ctrl-C
+        if (!raised_type && !progress.is_none() && total.load() > 0 && done.load() != reported) {
+          reported = done.load();
           progress(reported, total.load());
-        } catch (py::error_already_set& error) {
-          raised_type = error.type(), raised_value = error.value(), raised_trace = error.trace();
-          cancel.store(true);
         }
+      } catch (py::error_already_set& error) {
+        raised_type = error.type(), raised_value = error.value(), raised_trace = error.trace();
+        cancel.store(true);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+        cancel.store(true);
       }
     }
     worker.join();
@@ -130,6 +163,7 @@ Outcome run(const std::vector<std::string>& args, const py::object& progress) {
     PyErr_Restore(raised_type.release().ptr(), raised_value.release().ptr(), raised_trace.release().ptr());
     throw py::error_already_set();
   }
+  if (failure) std::rethrow_exception(failure);
   return outcome;
 }
 
@@ -151,8 +185,9 @@ PYBIND11_MODULE(_gradflow, module) {
       .def_property_readonly("stdout", [text](const Outcome& o) { return text(o.stdout_text); })
       .def_property_readonly("message", [text](const Outcome& o) { return text(o.message); })
       .def_readonly("report", &Outcome::report);
-  module.def("run", &run, py::arg("args"), py::arg("progress") = py::none(),
+  module.def("run", &run, py::arg("args"), py::arg("progress") = py::none(), py::arg("want_report") = false,
              "Runs one gradflow command line (without the program name) in this process; returns its exit "
-             "code, its stdout, its one-line message and, for analyze, its report");
+             "code, its stdout, its one-line message and, with want_report, analyze's report (which is then "
+             "not written to stdout)");
   module.attr("version") = GRADFLOW_VERSION;
 }

@@ -32,7 +32,9 @@ class InputError(ValueError):
 # Options the functions set themselves (the output is a Python object, the progress goes to
 # `progress=`), refused as keyword arguments.
 _OWN = {"format": "the result renders itself: result.to_json(), result.to_csv(), result.to_pandas()",
-        "quiet": "pass progress= for a callback or progress='bar' for a text bar"}
+        "quiet": "pass progress= for a callback or progress='bar' for a text bar",
+        "help": "gradflow.run(SUBCOMMAND, '--help') returns the command line's help text",
+        "version": "gradflow.__version__ is the version"}
 
 
 def _flag(key):
@@ -49,6 +51,8 @@ def _argv(options):
         if key in _OWN:
             raise InputError(f"{key}= is not taken from Python: {_OWN[key]}")
         flag = _flag(key)
+        if hasattr(value, "tolist"):  # numpy scalars and arrays: their Python values
+            value = value.tolist()
         if value is None or value is False:
             continue
         if value is True:
@@ -199,7 +203,7 @@ def analyze(progress=None, **options):
     depth=1024, seeds=4, config="llama-3.2-1b", update="adam", lr=[1e-4, 1e-3], checkpoint=DIR,
     no_timing=True, threads=2, ...). progress: None, a callable progress(done, total) called on
     this thread, or 'bar'. Returns a Result; a bad option raises InputError."""
-    outcome = _gradflow.run(["analyze", *_argv(options), "-q"], _progress(progress, "gradflow analyze"))
+    outcome = _gradflow.run(["analyze", *_argv(options), "-q"], _progress(progress, "gradflow analyze"), True)
     if outcome.code == 2:
         raise InputError(outcome.message)
     if outcome.code != 0 or outcome.report is None:
@@ -237,8 +241,12 @@ def sweep(output, progress=None, **options):
     """`gradflow sweep -o OUTPUT` with the command line's options as keyword arguments (arch=...,
     depth=[8, 16, 32], seeds=4, jobs=2, shard="0/2", ...). Returns a SweepResult for an unsharded
     sweep, None for a shard (merge the shards with gradflow.run('merge', ...))."""
-    sharded = "shard" in options and str(options["shard"]) not in ("0/1",)
-    outcome = _gradflow.run(["sweep", *_argv(options), "-o", str(output), "-q"], _progress(progress, "gradflow sweep"))
+    if "plan" in options:
+        raise InputError("plan= is not taken by gradflow.sweep: gradflow.run('sweep', ..., '--plan') returns the "
+                         "plan's JSON text")
+    words = _argv(options)
+    sharded = "--shard" in words and words[words.index("--shard") + 1] != "0/1"
+    outcome = _gradflow.run(["sweep", *words, "-o", str(output), "-q"], _progress(progress, "gradflow sweep"))
     if outcome.code == 2:
         raise InputError(outcome.message)
     if outcome.code != 0:
@@ -274,8 +282,10 @@ def check(result, baseline, expect=None, **options):
     """`gradflow check RESULT --baseline BASELINE` (tolerances=FILE, expect=["keel.log10_grad_ratio < 0.1"]);
     result and baseline are paths or Results. Returns a CheckReport (passed False for a regression)."""
     import os
-    paths = [_path(result), _path(baseline)]
+    paths = []
     try:
+        paths.append(_path(result))
+        paths.append(_path(baseline))
         words = ["check", paths[0][0], "--baseline", paths[1][0], *_argv(options), "--json"]
         for item in [expect] if isinstance(expect, str) else (expect or []):
             words += ["--expect", item]

@@ -6,7 +6,10 @@
 #include <cmath>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <tuple>
 
@@ -162,6 +165,19 @@ std::deque<Architecture>& loaded_files() {
   static std::deque<Architecture> all;
   return all;
 }
+// A file's bytes, or nullopt when it cannot be read (load_placement_file then says why).
+std::optional<std::string> file_text(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::ostringstream text;
+  if (!(file && text << file.rdbuf())) return std::nullopt;
+  return text.str();
+}
+
+// The text each file had when it was loaded, and its Architecture, by canonical path.
+std::map<std::string, std::pair<std::string, const Architecture*>>& loaded_unchanged() {
+  static std::map<std::string, std::pair<std::string, const Architecture*>> files;
+  return files;
+}
 struct FileSession {
   std::map<std::string, const Architecture*, std::less<>> by_path;
   std::vector<const Architecture*> current;
@@ -183,11 +199,23 @@ const Architecture& architecture_from_path(std::string_view path) {
         std::filesystem::weakly_canonical(std::string(arch.source), ignored) == absolute)
       return *(session.by_path[std::string(path)] = &arch);
   }
-  Architecture arch = load_placement_file(std::string(path));
-  check_unique(architectures(), arch);
-  loaded_files().push_back(std::move(arch));
-  session.current.push_back(&loaded_files().back());
-  return *(session.by_path[std::string(path)] = &loaded_files().back());
+  // A file loaded by an earlier command line and unchanged since is reused: a process that names
+  // the same file in every call (a notebook's loop) does not grow.
+  const std::optional<std::string> text = file_text(absolute);
+  const Architecture* arch = nullptr;
+  if (const auto cached = loaded_unchanged().find(absolute);
+      text && cached != loaded_unchanged().end() && cached->second.first == *text) {
+    arch = cached->second.second;
+    check_unique(architectures(), *arch);
+  } else {
+    Architecture loaded = load_placement_file(std::string(path));
+    check_unique(architectures(), loaded);
+    loaded_files().push_back(std::move(loaded));
+    arch = &loaded_files().back();
+    if (text) loaded_unchanged()[absolute] = {*text, arch};
+  }
+  session.current.push_back(arch);
+  return *(session.by_path[std::string(path)] = arch);
 }
 }  // namespace
 

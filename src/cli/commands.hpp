@@ -56,6 +56,9 @@ struct CliHooks {
   // (work done, total) as the runs go, from the worker threads (serialised); it may throw
   // Cancelled to stop the run between two sublayers.
   std::function<void(long long, long long)> progress;
+  // std::cout writes into the caller's buffer: check_stdout checks that stream only, not the
+  // process's C stdout (which the caller's other code may use, or have closed).
+  bool stdout_captured = false;
 };
 // Thrown by a progress hook to stop a run; the command line then ends with exit 130.
 struct Cancelled : std::exception {

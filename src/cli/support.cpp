@@ -189,7 +189,9 @@ std::string host_tag() {
 
 void check_stdout() {
   std::cout.flush();
-  const bool failed = !std::cout || std::fflush(stdout) != 0 || std::ferror(stdout);
+  const CliHooks* hooks = active_hooks();
+  const bool captured = hooks && hooks->stdout_captured;
+  const bool failed = !std::cout || (!captured && (std::fflush(stdout) != 0 || std::ferror(stdout)));
   if (failed) {
     const int error = errno;
     throw InputError(

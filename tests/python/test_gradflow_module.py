@@ -269,3 +269,65 @@ def test_the_readme_example_draws_the_growth_plot(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(block, "README.md", "exec"), {})
     assert (tmp_path / "growth.png").stat().st_size > 10000
+
+
+def test_two_threads_wait_for_each_other_and_a_nested_call_is_refused():
+    results, errors = [], []
+    worker = threading.Thread(target=lambda: results.append(gradflow.analyze(arch="keel", depth=512)))
+    worker.start()
+    time.sleep(0.2)
+    start = time.monotonic()
+    assert "keel" in [p["id"] for p in gradflow.placements()]  # waits for the analysis, then runs
+    worker.join(timeout=120)
+    assert not worker.is_alive() and results, "the two calls deadlocked"
+    print(f"the second thread's call waited {time.monotonic() - start:.2f} s")
+
+    def nested(done, total):
+        try:
+            gradflow.explain("rms")
+        except RuntimeError as error:
+            errors.append(str(error))
+            raise
+    with pytest.raises(RuntimeError, match="cannot be called while it runs a command"):
+        gradflow.analyze(arch="keel", depth=64, progress=nested)
+    assert errors
+
+
+def test_run_returns_what_the_cli_prints():
+    code, text = gradflow.run("analyze", "--arch", "keel", *SMALL_ARGS, "--format", "csv")
+    assert code == 0 and text.encode() == cli("analyze", "--arch", "keel", *SMALL_ARGS, "--format", "csv").stdout
+    code, text = gradflow.run("analyze", "--help")
+    assert code == 0 and "--depth" in text
+
+
+def test_numpy_values_and_refused_keywords():
+    import numpy
+    result = gradflow.analyze(arch="keel", depth=numpy.int64(2), width=16, heads=2, seq=4,
+                              lr=numpy.array([1e-4, 1e-3]), update="sgd", no_timing=True)
+    assert result.runs[0].config["blocks"] == 2
+    assert result.runs[0].config["learning_rates"] == [1e-4, 1e-3]
+    flagged = gradflow.analyze(arch="keel", ideal_branch=numpy.True_, **SMALL)
+    assert flagged.runs[0].config["branch"] == "rotation"  # --ideal-branch given
+    for keyword in ("format", "quiet", "help", "version"):
+        with pytest.raises(gradflow.InputError, match=f"{keyword}= is not taken from Python"):
+            gradflow.analyze(**{keyword: True})
+    with pytest.raises(gradflow.InputError, match="plan= is not taken"):
+        gradflow.sweep("unused", arch="keel", depth=[2], plan=True)
+
+
+def test_a_placement_file_named_in_every_call_does_not_grow_rss_and_is_reread(tmp_path):
+    path = tmp_path / "mine.toml"
+    source = open(os.path.join(os.path.dirname(FAULTS), "..", "data", "placements", "builtins", "pre-ln.toml")).read()
+    path.write_text(source.replace('id = "pre-ln"', 'id = "mine"', 1))
+    first = gradflow.analyze(arch=str(path), **SMALL).to_json()
+    for _ in range(20):
+        gradflow.analyze(arch=str(path), **SMALL)
+    before = rss_bytes()
+    for _ in range(200):
+        gradflow.analyze(arch=str(path), **SMALL)
+    grown = rss_bytes() - before
+    print(f"RSS grew {grown / 2**20:.2f} MB over 200 calls naming a placement file")
+    assert grown < 10 * 2**20
+    assert gradflow.analyze(arch=str(path), **SMALL).to_json() == first
+    path.write_text(path.read_text().replace('id = "mine"', 'id = "mine2"', 1))  # edited: read again
+    assert gradflow.analyze(arch=str(path), **SMALL).runs[0].arch == "mine2"
