@@ -31,6 +31,8 @@ class Case:
     timeout: float = 60.0          # seconds before the case counts as a hang
     env: dict = dataclasses.field(default_factory=dict)   # extra environment variables
     preexec: object = None         # a function run in the child before exec (e.g. to set rlimits)
+    setup: object = None           # a function called with the case's directory after `files` are written
+                                   # (e.g. to make a FIFO); what it makes counts as there before the run
 
 
 def _listing(directory):
@@ -49,6 +51,8 @@ def run_case(binary, case):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb" if isinstance(content, bytes) else "w") as handle:
                 handle.write(content)
+        if case.setup is not None:
+            case.setup(directory)
         before = _listing(directory)
         args = [str(a).replace("{dir}", directory) for a in case.args]
         env = dict(os.environ, **case.env)
