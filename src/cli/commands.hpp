@@ -173,10 +173,28 @@ std::string resolve_output_format(const std::string& format, const CLI::Option* 
                                   const std::string& output, const std::vector<std::string>& allowed,
                                   const std::string& terminal_format);
 
-// A file's whole contents; nullopt when it cannot be opened.
+// What gradflow reads back as one document (results, baselines, tolerances, sweep manifests and
+// cells, config files). The largest it writes: a sweep summary of the most cells a sweep holds
+// (2^20 rows of about 450 bytes) is 0.5 GB, an analyze document of all placements x 10 seeds at
+// depth 1024 about 0.45 GB; its documents nest 9 levels deep. Deeper nesting would recurse (crash)
+// in the parsed document's copies, comparisons and dumps.
+inline constexpr std::uint64_t kMaxDocumentBytes = std::uint64_t{1} << 30;  // 1 GiB
+inline constexpr int kMaxDocumentDepth = 64;
+
+// A file's whole contents; nullopt when it cannot be opened (missing, not readable). Throws
+// InputError naming the path when it is not a regular file after following links (a FIFO, device,
+// socket or directory, which is never opened in a way that could wait) or is larger than
+// kMaxDocumentBytes.
 std::optional<std::string> read_text_file(const std::string& path);
-// Parses a JSON file; throws InputError naming the path when it is missing or malformed.
+// Throws InputError naming `origin` when the JSON text nests deeper than kMaxDocumentDepth.
+void check_json_nesting(const std::string& text, const std::string& origin);
+// Parses a JSON file; throws InputError naming the path when it is missing, not a regular file,
+// too large, nested too deep or malformed.
 nlohmann::ordered_json read_json_file(const std::string& path);
+// The checks of read_json_file short of parsing, for a file another reader parses (a sweep's
+// existing cells): throws InputError when `path` is not a regular file, too large or nested too
+// deep; returns when it is missing or unreadable (that reader says so).
+void check_json_file_bounds(const std::string& path);
 // Whether a path exists; throws InputError naming it when it cannot be examined (ELOOP, EACCES).
 bool path_exists(const std::string& path);
 // Writes `text` to `path` whole or not at all (AtomicOutput).

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/resource.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -201,13 +202,110 @@ void check_stdout() {
   }
 }
 
+// ---- reading inputs: regular files only, bounded in size and in nesting
+namespace {
+// What a path that is not a regular file is, for the message.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+InputError too_large(const std::string& path, std::uint64_t bytes) {
+  return InputError(fmt::format("{} is {:.2f} GB, more than the {:.2f} GB gradflow reads as one document; "
+                                "split the run that wrote it (fewer placements, seeds or cells per file)",
+                                path, static_cast<double>(bytes) / 1e9,
+                                static_cast<double>(kMaxDocumentBytes) / 1e9));
+}
+
+// A descriptor closed on every path out.
+struct OpenFile {
+  int fd = -1;
+  OpenFile() = default;
+  OpenFile(const OpenFile&) = delete;
+  OpenFile& operator=(const OpenFile&) = delete;
+  ~OpenFile() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Opens `path` for reading when it is a regular file after following links; false (errno set) when
+// it cannot be opened. O_NONBLOCK keeps the open of a FIFO from waiting for a writer, and fstat on
+// the descriptor itself decides, so no rename between a check and the open can slip a FIFO in.
+bool open_regular_file(const std::string& path, OpenFile& file, std::uint64_t& size) {
+  file.fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (file.fd < 0) return false;
+  struct stat status {};
+  if (::fstat(file.fd, &status) != 0) return false;
+  if (!S_ISREG(status.st_mode)) {
+    throw InputError(fmt::format("{} is {}, not a regular file; gradflow reads its inputs only from files",
+                                 path, file_kind(status.st_mode)));
+  }
+  size = static_cast<std::uint64_t>(status.st_size);
+  if (size > kMaxDocumentBytes) throw too_large(path, size);
+  const int flags = ::fcntl(file.fd, F_GETFL);
+  return flags >= 0 && ::fcntl(file.fd, F_SETFL, flags & ~O_NONBLOCK) == 0;
+}
+
+// The rest of an open file, refused once it passes kMaxDocumentBytes (a file growing while read).
+std::optional<std::string> read_bounded(const OpenFile& file, std::uint64_t size_hint, const std::string& path) {
+  std::string text;
+  text.reserve(static_cast<std::size_t>(size_hint));
+  std::array<char, 1 << 16> buffer{};
+  for (;;) {
+    const ssize_t got = ::read(file.fd, buffer.data(), buffer.size());
+    if (got == 0) return text;
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return std::nullopt;
+    }
+    text.append(buffer.data(), static_cast<std::size_t>(got));
+    if (text.size() > kMaxDocumentBytes) throw too_large(path, text.size());
+  }
+}
+
+// The offset where a JSON text first nests deeper than `limit` arrays and objects; npos when it
+// never does. Brackets inside strings do not count. The parser stops at its first error, and up to
+// there the text is a valid prefix whose nesting this counts exactly: a text that passes cannot
+// take the parser, or the recursive copies, comparisons and dumps of the parsed document, deeper.
+std::size_t first_excess_nesting(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::string_view::npos;
+}
+}  // namespace
+
 std::optional<std::string> read_text_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return std::nullopt;
-  std::ostringstream text;
-  text << file.rdbuf();
-  if (file.bad()) return std::nullopt;
-  return text.str();
+  OpenFile file;
+  std::uint64_t size = 0;
+  if (!open_regular_file(path, file, size)) return std::nullopt;
+  return read_bounded(file, size, path);
+}
+
+void check_json_nesting(const std::string& text, const std::string& origin) {
+  const std::size_t at = first_excess_nesting(text, kMaxDocumentDepth);
+  if (at == std::string_view::npos) return;
+  throw InputError(fmt::format("{}: JSON nested deeper than {} levels (at byte {}); gradflow's own documents "
+                               "nest about 10, so this is not one of them",
+                               origin, kMaxDocumentDepth, at));
 }
 
 nlohmann::ordered_json read_json_file(const std::string& path) {
@@ -219,11 +317,16 @@ nlohmann::ordered_json read_json_file(const std::string& path) {
     throw InputError(fmt::format("{} is a directory, not a JSON file", path));
   const auto text = read_text_file(path);
   if (!text) throw InputError(fmt::format("{}: cannot read the file (missing or not readable)", path));
+  check_json_nesting(*text, path);
   try {
     return nlohmann::ordered_json::parse(*text);
   } catch (const nlohmann::json::exception& error) {  // parse errors, and numbers out of range (1e400)
     throw InputError(fmt::format("{}: malformed JSON ({})", path, error.what()));
   }
+}
+
+void check_json_file_bounds(const std::string& path) {
+  if (const auto text = read_text_file(path)) check_json_nesting(*text, path);
 }
 
 bool path_exists(const std::string& path) {
