@@ -44,6 +44,18 @@ double percentile(const std::vector<double>& sorted, double q) {
   const std::size_t above = std::min(below + 1, sorted.size() - 1);
   return sorted[below] + (position - static_cast<double>(below)) * (sorted[above] - sorted[below]);
 }
+
+// A grid lists each placement, depth and width once: a repeat would make two cells of one file
+// (computed twice, counted twice in the fits).
+template <typename T>
+void refuse_repeats(const std::vector<T>& values, const char* what, const std::string& origin) {
+  std::vector<T> sorted = values;  // sorted, so that a list of a million depths is checked at once
+  std::sort(sorted.begin(), sorted.end());
+  const auto repeat = std::adjacent_find(sorted.begin(), sorted.end());
+  if (repeat != sorted.end())
+    throw InputError(
+        fmt::format("{}: {} lists {} twice; a sweep's grid names each once", origin, what, *repeat));
+}
 }  // namespace
 
 void validate_grid(const SweepGrid& grid, const std::string& origin) {
@@ -69,6 +81,9 @@ void validate_grid(const SweepGrid& grid, const std::string& origin) {
                     origin, grid.archs.size(), grid.depths.size(), grid.widths.size(), grid.seeds, cells,
                     kMaxSweepCells));
   }
+  refuse_repeats(grid.archs, "archs", origin);
+  refuse_repeats(grid.depths, "depths", origin);
+  refuse_repeats(grid.widths, "widths", origin);
 }
 
 std::vector<SweepCell> sweep_cells(const SweepGrid& grid) {

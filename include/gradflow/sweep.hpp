@@ -24,8 +24,8 @@ struct SweepGrid {
 // grid is held in memory (a million cells is about 100 MB of summary).
 inline constexpr long long kMaxSweepCells = 1 << 20;
 // Throws InputError (naming `origin`, e.g. "--seeds" or a sweep.json path) when the grid is
-// empty, has a non-positive or too large depth, width or seed count, or more than
-// kMaxSweepCells cells (counted in 64 bits, before any cell is made).
+// empty, has a non-positive or too large depth, width or seed count, more than kMaxSweepCells
+// cells (counted in 64 bits, before any cell is made), or lists a placement, depth or width twice.
 void validate_grid(const SweepGrid& grid, const std::string& origin);
 
 // Every cell in the global order: arch (as given), then depth, width, seed (nested loops).

@@ -58,6 +58,7 @@ void check_merge_memory(const MergeOptions& options, const std::vector<SweepCell
       const std::string path = (std::filesystem::path(directory) / "cells" / cell_file_name(cell)).string();
       std::error_code error;
       const auto size = std::filesystem::file_size(path, error);
+      if (!error && size > kMaxDocumentBytes) check_json_file_bounds(path);  // refused as too large, by name
       if (!error) {
         cell_bytes += size;
         break;
@@ -69,10 +70,51 @@ void check_merge_memory(const MergeOptions& options, const std::vector<SweepCell
                     "merge fewer cells at once");
 }
 
+// A cell document holds one run of one seed; cell_figures reads only the first, so a second one
+// (two documents pasted together, or an analyze document copied in) would be dropped unseen.
+void require_one_run(const json& doc, const std::string& path) {
+  const auto runs = doc.find("runs");
+  if (!doc.is_object() || runs == doc.end() || !runs->is_array() || runs->empty())
+    return;  // cell_figures names it
+  const auto seeds = runs->front().find("seeds");
+  const std::size_t seed_count =
+      seeds != runs->front().end() && seeds->is_array() ? seeds->size() : std::size_t{1};
+  if (runs->size() != 1 || seed_count != 1) {
+    throw InputError(
+        fmt::format("{} holds {} run(s) with {} seed(s) but a cell holds one run of one seed; it is not "
+                    "this sweep's cell: remove it and rerun the sweep to recompute it",
+                    path, runs->size(), seed_count));
+  }
+}
+
+// merge -o must not replace a file it reads: the sweep's own sweep.json or one of its cells (by
+// identity, so another spelling, a symbolic link or a hard link of one is refused too).
+void refuse_output_onto_inputs(const MergeOptions& options, const std::vector<SweepCell>& all_cells) {
+  if (options.output.empty() || options.output == "-") return;
+  std::error_code error;
+  if (!std::filesystem::exists(options.output, error)) return;  // a new file cannot be an input
+  const auto refuse_if_same = [&](const std::filesystem::path& input) {
+    std::error_code same_error;
+    if (std::filesystem::equivalent(options.output, input, same_error)) {
+      throw InputError(
+          fmt::format("-o {} is {}, one of the files merge reads; write the merged document "
+                      "elsewhere (e.g. -o {})",
+                      options.output, input.string(),
+                      (std::filesystem::path(options.directories.front()) / "summary.json").string()));
+    }
+  };
+  for (const auto& directory : options.directories) {
+    refuse_if_same(std::filesystem::path(directory) / "sweep.json");
+    for (const SweepCell& cell : all_cells)
+      refuse_if_same(std::filesystem::path(directory) / "cells" / cell_file_name(cell));
+  }
+}
+
 // The cell document at `path`, refused unless it holds `cell` of this sweep: the cell its name
 // says, with the sweep's shared model fields (config_fields marked in_sweep_model and compared).
 json read_cell(const std::string& path, const SweepCell& cell, const json& manifest) {
   json doc = read_json_file(path);
+  require_one_run(doc, path);
   const CellFigures figures = cell_figures(doc, path);  // validates the cell's shape
   if (figures.cell.arch != cell.arch || figures.cell.depth != cell.depth ||
       figures.cell.width != cell.width || figures.cell.seed != cell.seed) {
@@ -136,6 +178,7 @@ int run_merge(const MergeOptions& options) {
   const json& manifest = manifests.front();
   const SweepGrid grid = grid_from_manifest(manifest, options.directories.front());
   const std::vector<SweepCell> all_cells = sweep_cells(grid);
+  refuse_output_onto_inputs(options, all_cells);
   check_merge_memory(options, all_cells);
   const json document = sweep_document(manifest, read_cells(options, all_cells, manifest));
   if (format == "csv") {

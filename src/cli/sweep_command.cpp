@@ -1,8 +1,11 @@
 // `gradflow sweep`: the (arch, depth, width, seed) grid, one atomic JSON file per cell, resumable
 // and shardable (i/n, for job arrays); the unsharded run also writes DIR/summary.json.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <omp.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -10,7 +13,9 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <mutex>
+#include <thread>
 
 #include "commands.hpp"
 #include "gradflow/analysis.hpp"
@@ -29,6 +34,7 @@ struct SweepOptions {
   std::string arch, depths, widths;
   int seeds = 1;
   std::string directory, shard = "0/1";
+  const CLI::Option* shard_flag = nullptr;  // given: a shard, which shares DIR's lock with the others
   int jobs = 1;
   bool verbose = false, quiet = false, plan = false;
 };
@@ -93,7 +99,10 @@ void validate_cells(const SweepGrid& grid, const ModelConfig& model) {
 }
 
 // The manifest of this sweep, after checking that DIR/sweep.json, if there, describes the same
-// model: shards may share DIR, another model in it is refused. Reads only.
+// model and the same grid: shards may share DIR; another model or grid in it is refused. A
+// directory holds one grid because its summary.json and every merge of it follow its sweep.json:
+// a second grid written over the first left a summary of one grid beside the manifest of another.
+// Reads only.
 json checked_manifest(const std::filesystem::path& directory, const SweepGrid& grid,
                       const ModelConfig& model) {
   json manifest = json::parse(sweep_manifest(grid, model).dump());
@@ -107,22 +116,141 @@ json checked_manifest(const std::filesystem::path& directory, const SweepGrid& g
           "{} holds a sweep with another model configuration ({} in this run: {}); use another -o DIR",
           manifest_path, difference.substr(0, difference.find(':')), difference));
     }
+    const std::string grid_difference = first_difference(existing.at("grid"), manifest.at("grid"), "");
+    if (!grid_difference.empty()) {
+      const std::string key = grid_difference.substr(0, grid_difference.find(':'));
+      throw InputError(fmt::format(
+          "{} holds a sweep over another grid ({} {} there, {} in this run); a sweep directory holds one "
+          "grid: use a new -o DIR (copy {} into its cells/ to reuse the cells both grids share)",
+          manifest_path, key, existing.at("grid").value(key, json()).dump(),
+          manifest.at("grid").value(key, json()).dump(), (directory / "cells" / "*.json").string()));
+    }
   }
   return manifest;
 }
 
-// DIR/sweep.json, written (or found equal) before any cell: the manifest is the same for every
-// shard.
-json write_manifest(const std::filesystem::path& directory, const SweepGrid& grid, const ModelConfig& model) {
-  json manifest = checked_manifest(directory, grid, model);
-  write_file_atomically((directory / "sweep.json").string(), manifest.dump(1) + "\n");
-  return manifest;
+// F_OFD_SETLK on `length` bytes from `start` (0: to the end); false with errno when refused.
+bool set_lock(int fd, short type, off_t start, off_t length) {
+  struct flock lock {};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = start;
+  lock.l_len = length;
+  return ::fcntl(fd, F_OFD_SETLK, &lock) == 0;
+}
+
+// Whether `fd` is still the file at `path` (a sweep that ended may have removed it meanwhile).
+bool still_at_path(int fd, const std::string& path) {
+  struct stat open_status {
+  }, path_status{};
+  return ::fstat(fd, &open_status) == 0 && ::stat(path.c_str(), &path_status) == 0 &&
+         open_status.st_dev == path_status.st_dev && open_status.st_ino == path_status.st_ino;
+}
+
+// DIR/sweep.lock, held while a sweep writes DIR (docs/output.md, "The sweep directory"). Byte 0 is
+// the run: exclusive for an unsharded sweep, shared by shards (any run given --shard i/n: a job
+// array's tasks share DIR side by side, and a requeued task may start beside the one it replaces), so a
+// second sweep into DIR is refused at once, never waited for. Byte 1 is the manifest, held exclusively only
+// while sweep.json is checked and written, so that two shards of different grids cannot both find DIR empty.
+// Open file description locks (F_OFD_SETLK): per open file like flock, byte ranges like fcntl, and real locks
+// on NFS (where flock is emulated with them). The file is removed by the last sweep to leave.
+class SweepLock {
+ public:
+  SweepLock(const std::filesystem::path& directory, bool shared)
+      : path_((directory / "sweep.lock").string()) {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+      if (fd_ < 0)
+        throw InputError(
+            fmt::format("{}: cannot create the sweep's lock file ({})", path_, std::strerror(errno)));
+      if (!set_lock(fd_, shared ? F_RDLCK : F_WRLCK, 0, 1)) {
+        refused(directory, errno);
+        return;
+      }
+      if (still_at_path(fd_, path_)) return;
+      release();  // locked a file being removed by a sweep that just ended: lock the new one
+    }
+    throw InputError(fmt::format("{}: could not lock the sweep directory; retry", path_));
+  }
+  SweepLock(const SweepLock&) = delete;
+  SweepLock& operator=(const SweepLock&) = delete;
+  ~SweepLock() {
+    // Removed only when no other sweep holds it: taking both bytes exclusively fails otherwise.
+    if (fd_ >= 0 && set_lock(fd_, F_WRLCK, 0, 2)) ::unlink(path_.c_str());
+    release();
+  }
+
+  // Holds the manifest's byte for `section`. Another shard holds it for milliseconds: retried for
+  // up to 30 s (a slow shared file system), then refused rather than waited on forever. On an
+  // exception the destructor's close releases it.
+  json with_manifest(const std::function<json()>& section) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (fd_ >= 0 && !set_lock(fd_, F_WRLCK, 1, 1)) {
+      const int error = errno;
+      if ((error != EAGAIN && error != EACCES) || std::chrono::steady_clock::now() > deadline)
+        throw InputError(fmt::format("{}: could not take the manifest's lock within 30 s ({}); retry", path_,
+                                     std::strerror(error)));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    json manifest = section();
+    if (fd_ >= 0) set_lock(fd_, F_UNLCK, 1, 1);
+    return manifest;
+  }
+
+ private:
+  void release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  // Another sweep holds DIR: exit 2. A file system without locks: go on, and say so.
+  void refused(const std::filesystem::path& directory, int error) {
+    release();
+    if (error == EAGAIN || error == EACCES) {
+      throw InputError(fmt::format(
+          "another sweep is writing {} (it holds {}); wait for it to end, or give this run another -o DIR "
+          "(shards of one sweep, --shard i/n, may share DIR)",
+          directory.string(), path_));
+    }
+    ::unlink(path_.c_str());
+    fmt::print(stderr,
+               "gradflow: warning: {}: the file system does not lock files ({}); nothing stops another "
+               "sweep from writing {} at the same time\n",
+               path_, std::strerror(error), directory.string());
+  }
+
+  std::string path_;
+  int fd_ = -1;
+};
+
+// DIR/sweep.json, written (or found equal) before any cell, under the manifest's lock: the
+// manifest is the same for every shard.
+json write_manifest(const std::filesystem::path& directory, const SweepGrid& grid, const ModelConfig& model,
+                    SweepLock& lock) {
+  return lock.with_manifest([&] {
+    json manifest = checked_manifest(directory, grid, model);
+    write_file_atomically((directory / "sweep.json").string(), manifest.dump(1) + "\n");
+    return manifest;
+  });
+}
+
+// An existing cell is read back by the resume's own reader (plan_sweep_cells), which neither
+// bounds the document nor refuses a FIFO: both are checked here first. A directory in a cell's
+// place is named by pending_cells.
+void check_existing_cells(const std::vector<SweepCell>& cells, const std::filesystem::path& cells_directory) {
+  for (const SweepCell& cell : cells) {
+    const std::filesystem::path path = cells_directory / cell_file_name(cell);
+    std::error_code error;
+    const auto status = std::filesystem::status(path, error);
+    if (error || !std::filesystem::exists(status) || std::filesystem::is_directory(status)) continue;
+    check_json_file_bounds(path.string());
+  }
 }
 
 // This shard's cells that still need computing; complete cell files are kept (a resumed sweep).
 std::vector<CellPlan> pending_cells(const SweepOptions& options, const ModelConfig& model,
                                     const std::vector<SweepCell>& mine, const std::filesystem::path& cells) {
   std::vector<CellPlan> pending;
+  check_existing_cells(mine, cells);
   for (CellPlan& plan : plan_sweep_cells(model, mine, cells)) {
     if (plan.complete()) {
       if (options.verbose)
@@ -196,6 +324,7 @@ json plan_document(const SweepGrid& grid, const ModelConfig& model,
   const std::vector<SweepCell> cells = sweep_cells(grid);
   std::error_code error;
   const bool resumable = std::filesystem::is_directory(cells_directory, error);
+  if (resumable) check_existing_cells(cells, cells_directory);
   json rows = json::array();
   double total_seconds = 0, largest_bytes = 0;
   std::size_t complete = 0;
@@ -253,12 +382,14 @@ int run_sweep(const SweepOptions& options) {
   check_memory(largest, archs, options.jobs, options.jobs == 1 ? 2 : options.jobs, options.jobs);
 
   const std::filesystem::path directory(options.directory), cells_directory = directory / "cells";
+  checked_manifest(directory, grid, model);  // another model or grid: refused before anything is created
   std::error_code error;
   std::filesystem::create_directories(cells_directory, error);
   if (error)
     throw InputError(fmt::format("-o {}: cannot create {} ({})", options.directory, cells_directory.string(),
                                  error.message()));
-  const json manifest = write_manifest(directory, grid, model);
+  SweepLock lock(directory, options.shard_flag != nullptr && options.shard_flag->count() > 0);
+  const json manifest = write_manifest(directory, grid, model, lock);
   remove_stale_temporaries(cells_directory);
   const std::vector<SweepCell> all_cells = sweep_cells(grid);
   const std::vector<SweepCell> mine = shard_cells(all_cells, shard_index, shard_count);
@@ -305,9 +436,10 @@ Command setup_sweep(CLI::App& app) {
                   "Directory: cells/<arch>_B<depth>_d<width>_s<seed>.json, sweep.json (grid), summary.json "
                   "(unsharded runs)")
       ->required();
-  sub->add_option("--shard", options->shard,
-                  "Run shard i of n, i 0-based (0/3, 1/3, 2/3): the cells whose position in the global order "
-                  "(arch, depth, width, seed) is i mod n; no summary, use 'gradflow merge'");
+  options->shard_flag = sub->add_option(
+      "--shard", options->shard,
+      "Run shard i of n, i 0-based (0/3, 1/3, 2/3): the cells whose position in the global order "
+      "(arch, depth, width, seed) is i mod n; no summary, use 'gradflow merge'");
   sub->add_option("--jobs", options->jobs,
                   "Cells run in parallel (each single-threaded); files are identical for every J")
       ->check(CLI::PositiveNumber);
