@@ -13,6 +13,15 @@ namespace gradflow {
 // as the program (the Architecture's views point into it).
 Architecture load_placement_file(const std::string& path);
 
+// The same for a file's text read by read_placement_text (the registry compares it with the text
+// of an earlier load first).
+Architecture load_placement_text(const std::string& path, std::string text);
+
+// A placement file's bytes. Throws InputError naming the path unless it is a regular file (after
+// symbolic links; a FIFO, device, directory or link loop is refused without blocking) of at most
+// 1 MiB.
+std::string read_placement_text(const std::string& path);
+
 // A built-in defined by the compiled-in text of data/placements/builtins/NAME.toml: the same
 // reading and checks, with source "built-in" (its text is not recorded in a run's config).
 Architecture load_built_in_placement(std::string_view name, std::string_view text);

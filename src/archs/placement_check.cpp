@@ -44,6 +44,11 @@ class Checker {
   explicit Checker(Scope& scope) : s_(scope) {}
 
   void check(Expr& e) {
+    visit(e);
+    deepen(e);
+  }
+
+  void visit(Expr& e) {
     switch (e.kind) {
       case ExprKind::number:
         return;
@@ -82,6 +87,23 @@ class Checker {
   }
 
  private:
+  // e's depth with what its names stand for: a constant is evaluated and a binding built where the
+  // name is used, so their depth adds to the recursion there (kMaxDepth bounds it).
+  void deepen(Expr& e) {
+    if (e.kind == ExprKind::name) e.depth = 1 + named_depth(e.text);
+    for (const Expr& a : e.args) e.depth = std::max(e.depth, a.depth + 1);
+    if (e.depth > kMaxDepth) fail(e, depth_message());
+  }
+
+  int named_depth(const std::string& name) const {
+    const PlacementDefinition& def = *s_.def;
+    if (s_.tensors && std::find(def.streams.begin(), def.streams.end(), name) != def.streams.end()) return 0;
+    if (const auto constant = def.constant_depths.find(name); constant != def.constant_depths.end())
+      return constant->second;
+    if (s_.tensors && s_.bindings && s_.bindings->count(name)) return s_.bindings->at(name)->depth;
+    return 0;
+  }
+
   void inherit(Expr& e) {
     for (const Expr& a : e.args) e.tensor |= a.tensor, e.holds_branch |= a.holds_branch;
   }
@@ -193,27 +215,40 @@ class Checker {
   Scope& s_;
 };
 
-void check_constant_cycles(const PlacementDefinition& def, const std::string& name,
-                           std::vector<std::string>& path);
+// Each constant's depth with the constants it uses written out, into def.constant_depths, and the
+// check for cycles. Each constant is walked once (constants may share others: a walk per use would
+// be exponential), and a walk stops at kMaxDepth levels, so its own recursion is bounded too.
+class ConstantDepths {
+ public:
+  explicit ConstantDepths(PlacementDefinition& def) : def_(def) {}
 
-void visit_names(const Expr& e, const PlacementDefinition& def, std::vector<std::string>& path) {
-  if (e.kind == ExprKind::name && def.constants.count(e.text)) {
-    if (std::find(path.begin(), path.end(), e.text) != path.end()) {
-      throw ExprError(
-          e.origin, e.offset,
-          fmt::format("constant '{}' depends on itself ({} -> {})", e.text, fmt::join(path, " -> "), e.text));
-    }
-    check_constant_cycles(def, e.text, path);
+  int of(const std::string& name, int above) {
+    if (const auto known = def_.constant_depths.find(name); known != def_.constant_depths.end())
+      return known->second;
+    path_.push_back(name);
+    const int depth = walk(def_.constants.at(name), above);
+    path_.pop_back();
+    return def_.constant_depths[name] = depth;
   }
-  for (const Expr& a : e.args) visit_names(a, def, path);
-}
 
-void check_constant_cycles(const PlacementDefinition& def, const std::string& name,
-                           std::vector<std::string>& path) {
-  path.push_back(name);
-  visit_names(def.constants.at(name), def, path);
-  path.pop_back();
-}
+ private:
+  int walk(const Expr& e, int above) {
+    if (above >= kMaxDepth) throw ExprError(e.origin, e.offset, depth_message());
+    int depth = 1;
+    if (e.kind == ExprKind::name && def_.constants.count(e.text)) {
+      if (std::find(path_.begin(), path_.end(), e.text) != path_.end())
+        throw ExprError(e.origin, e.offset,
+                        fmt::format("constant '{}' depends on itself ({} -> {})", e.text,
+                                    fmt::join(path_, " -> "), e.text));
+      depth = 1 + of(e.text, above + 1);
+    }
+    for (const Expr& a : e.args) depth = std::max(depth, 1 + walk(a, above + 1));
+    return depth;
+  }
+
+  PlacementDefinition& def_;
+  std::vector<std::string> path_;
+};
 
 // The outermost + or - on the path from e down to F, bindings looked through (the format's rule 2).
 Expr* find_sum(Expr& e, const std::map<std::string, Expr*>& bindings) {
@@ -240,23 +275,34 @@ bool is_additive(const PlacementDefinition& def) {
   });
 }
 
-// The depth unit of a constant's formula, from the sizes it uses directly or through other
-// constants (docs/placement-files.md, "[constants]").
-void collect_sizes(const PlacementDefinition& def, const Expr& e, bool& blocks, bool& sublayers) {
+// The sizes an expression uses, directly or through other constants: the depth unit of a constant's
+// formula (docs/placement-files.md, "[constants]"). Remembered per constant, as constants share others.
+struct SizesUsed {
+  bool blocks = false, sublayers = false;
+};
+
+SizesUsed sizes_used(const PlacementDefinition& def, const Expr& e, std::map<std::string, SizesUsed>& known) {
+  SizesUsed used;
   if (e.kind == ExprKind::name) {
-    blocks |= e.text == "B" || e.text == "b";
-    sublayers |= e.text == "S" || e.text == "l";
-    if (const auto named = def.constants.find(e.text); named != def.constants.end())
-      collect_sizes(def, named->second, blocks, sublayers);
+    used.blocks = e.text == "B" || e.text == "b";
+    used.sublayers = e.text == "S" || e.text == "l";
+    if (const auto named = def.constants.find(e.text); named != def.constants.end()) {
+      auto at = known.find(e.text);
+      if (at == known.end()) at = known.emplace(e.text, sizes_used(def, named->second, known)).first;
+      used.blocks |= at->second.blocks, used.sublayers |= at->second.sublayers;
+    }
   }
-  for (const Expr& a : e.args) collect_sizes(def, a, blocks, sublayers);
+  for (const Expr& a : e.args) {
+    const SizesUsed inner = sizes_used(def, a, known);
+    used.blocks |= inner.blocks, used.sublayers |= inner.sublayers;
+  }
+  return used;
 }
 
-std::string inferred_unit(const PlacementDefinition& def, const Expr& e) {
-  bool blocks = false, sublayers = false;
-  collect_sizes(def, e, blocks, sublayers);
-  if (blocks && sublayers) return "blocks and sublayers";
-  return blocks ? "blocks" : (sublayers ? "sublayers" : "-");
+std::string inferred_unit(const PlacementDefinition& def, const Expr& e, std::map<std::string, SizesUsed>& known) {
+  const SizesUsed used = sizes_used(def, e, known);
+  if (used.blocks && used.sublayers) return "blocks and sublayers";
+  return used.blocks ? "blocks" : (used.sublayers ? "sublayers" : "-");
 }
 }  // namespace
 
@@ -280,14 +326,15 @@ bool is_word_option_name(const PlacementDefinition& def, std::string_view name) 
 void check_definition(PlacementDefinition& def) {
   Scope constants{&def};
   Checker checker(constants);
+  ConstantDepths depths(def);
   for (auto& [name, e] : def.constants) {
+    depths.of(name, 0);
     checker.constant(e);
-    std::vector<std::string> path;
-    check_constant_cycles(def, name, path);
   }
+  std::map<std::string, SizesUsed> sizes;
   for (auto& [name, e] : def.constants) {
     ConstantRecord& record = def.constant_records[name];
-    if (record.unit.empty()) record.unit = inferred_unit(def, e);
+    if (record.unit.empty()) record.unit = inferred_unit(def, e, sizes);
   }
   for (auto& gain : def.init_gains)
     if (gain) checker.constant(*gain);

@@ -75,21 +75,41 @@ class Parser {
     fail(st.targets.size() == 1 ? "expected '<-' (assignment) or '=' (binding)" : "expected '<-'");
   }
 
+  // One level of the parser's recursion ('(', a call, unary '-' or 'not', the right side of '^'):
+  // every recursive descent takes one, so the nesting limit is counted here only.
+  class Nested {
+   public:
+    explicit Nested(Parser& parser) : parser_(parser) {
+      if (++parser_.nesting_ > kMaxNesting)
+        parser_.fail(fmt::format("more than {} levels of nesting (parentheses, unary '-' or 'not', '^', "
+                                 "calls); write it with fewer levels, or name parts of it as constants "
+                                 "or bindings",
+                                 kMaxNesting));
+    }
+    ~Nested() { --parser_.nesting_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    Parser& parser_;
+  };
+
   Expr logical_or() {
     Expr left = logical_and();
-    while (accept_word("or")) left = make(ExprKind::logical_or, "or", {std::move(left), logical_and()});
+    while (accept_word("or")) left = make(ExprKind::logical_or, "or", std::move(left), logical_and());
     return left;
   }
   Expr logical_and() {
     Expr left = logical_not();
-    while (accept_word("and")) left = make(ExprKind::logical_and, "and", {std::move(left), logical_not()});
+    while (accept_word("and")) left = make(ExprKind::logical_and, "and", std::move(left), logical_not());
     return left;
   }
   Expr logical_not() {
     skip_blanks();
     const int start = pos_;
     if (accept_word("not")) {
-      Expr e = make(ExprKind::logical_not, "not", {logical_not()});
+      const Nested level(*this);
+      Expr e = make(ExprKind::logical_not, "not", logical_not());
       e.offset = start;
       return e;
     }
@@ -98,7 +118,7 @@ class Parser {
   Expr comparison() {
     Expr left = arithmetic();
     for (const char* op : {"==", "!=", "<=", ">=", "<", ">"}) {
-      if (accept(op)) return make(ExprKind::compare, op, {std::move(left), arithmetic()});
+      if (accept(op)) return make(ExprKind::compare, op, std::move(left), arithmetic());
     }
     return left;
   }
@@ -107,9 +127,9 @@ class Parser {
     while (true) {
       if (peek_arrow()) return left;
       if (accept("+"))
-        left = make(ExprKind::binary, "+", {std::move(left), term()});
+        left = make(ExprKind::binary, "+", std::move(left), term());
       else if (accept("-"))
-        left = make(ExprKind::binary, "-", {std::move(left), term()});
+        left = make(ExprKind::binary, "-", std::move(left), term());
       else
         return left;
     }
@@ -118,9 +138,9 @@ class Parser {
     Expr left = unary();
     while (true) {
       if (accept("*"))
-        left = make(ExprKind::binary, "*", {std::move(left), unary()});
+        left = make(ExprKind::binary, "*", std::move(left), unary());
       else if (accept("/"))
-        left = make(ExprKind::binary, "/", {std::move(left), unary()});
+        left = make(ExprKind::binary, "/", std::move(left), unary());
       else
         return left;
     }
@@ -129,24 +149,48 @@ class Parser {
     skip_blanks();
     const int start = pos_;
     if (!peek_arrow() && accept("-")) {
-      Expr e = make(ExprKind::negate, "-", {unary()});
+      const Nested level(*this);
+      Expr e = make(ExprKind::negate, "-", unary());
       e.offset = start;
       return e;
     }
     Expr base = atom();
-    if (accept("^")) return make(ExprKind::binary, "^", {std::move(base), unary()});
-    return base;
+    if (!accept("^")) return base;
+    const Nested level(*this);
+    return make(ExprKind::binary, "^", std::move(base), unary());
   }
   Expr atom();
   Expr number();
 
-  Expr make(ExprKind kind, std::string text, std::vector<Expr> args) const {
+  // The operands are moved in, never copied: a braced list would copy the left operand, which in
+  // a chain 'a + b + c ...' is everything parsed so far (quadratic in the number of terms).
+  Expr make(ExprKind kind, std::string text, Expr first) {
+    Expr e = node(kind, std::move(text), first.offset);
+    e.args.push_back(std::move(first));
+    return finished(std::move(e));
+  }
+  Expr make(ExprKind kind, std::string text, Expr first, Expr second) {
+    Expr e = node(kind, std::move(text), first.offset);
+    e.args.reserve(2);
+    e.args.push_back(std::move(first));
+    e.args.push_back(std::move(second));
+    return finished(std::move(e));
+  }
+  Expr node(ExprKind kind, std::string text, int offset) {
+    if (++terms_ > kMaxTerms)
+      fail(fmt::format("more than {} numbers, names and operators in one string; shorten it", kMaxTerms));
     Expr e;
     e.kind = kind;
     e.text = std::move(text);
-    e.offset = args.empty() ? pos_ : args.front().offset;
-    e.args = std::move(args);
+    e.offset = offset;
     e.origin = origin_;
+    return e;
+  }
+  // Sets the node's depth from its operands' and refuses one deeper than kMaxDepth (a chain of
+  // operators adds a level per operator without any recursion of the parser).
+  Expr finished(Expr e) {
+    for (const Expr& a : e.args) e.depth = std::max(e.depth, a.depth + 1);
+    if (e.depth > kMaxDepth) fail(depth_message());
     return e;
   }
 
@@ -193,6 +237,8 @@ class Parser {
   std::string_view text_;
   const Origin* origin_;
   int pos_ = 0;
+  int nesting_ = 0;  // Nested levels open now
+  int terms_ = 0;    // nodes made so far
 };
 
 Expr Parser::number() {
@@ -203,9 +249,7 @@ Expr Parser::number() {
     if (!at_end() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
     while (!at_end() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
   }
-  Expr e;
-  e.origin = origin_;
-  e.offset = start;
+  Expr e = node(ExprKind::number, "", start);
   const char* first = text_.data() + start;
   const char* last = text_.data() + pos_;
   const auto [end, error] = std::from_chars(first, last, e.number);
@@ -222,23 +266,19 @@ Expr Parser::atom() {
   const int start = pos_;
   if (std::isdigit(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '.') return number();
   if (accept("(")) {
+    const Nested level(*this);
     Expr inner = logical_or();
     if (!accept(")")) fail(fmt::format("expected ')' to close the '(' at column offset {}", start + 1));
     return inner;
   }
-  Expr e;
-  e.origin = origin_;
-  e.offset = start;
-  e.text = identifier("a number, a name or '('");
-  if (!accept("(")) {
-    e.kind = ExprKind::name;
-    return e;
-  }
+  Expr e = node(ExprKind::name, identifier("a number, a name or '('"), start);
+  if (!accept("(")) return e;
+  const Nested level(*this);
   e.kind = ExprKind::call;
   do e.args.push_back(logical_or());
   while (accept(","));
   if (!accept(")")) fail(fmt::format("expected ')' to close {}(", e.text));
-  return e;
+  return finished(std::move(e));
 }
 }  // namespace
 
@@ -251,6 +291,12 @@ Expr parse_expression(std::string_view text, const Origin* origin) {
 
 std::vector<Statement> parse_rule(std::string_view text, const Origin* origin) {
   return Parser(text, origin).rule();
+}
+
+std::string depth_message() {
+  return fmt::format("more than {} operations deep (a sum of over {} terms, or constants or bindings that "
+                     "use each other that deeply); shorten it",
+                     kMaxDepth, kMaxDepth);
 }
 
 bool is_function(std::string_view name) {

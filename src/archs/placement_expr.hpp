@@ -9,6 +9,12 @@
 
 namespace gradflow::placement {
 
+// Limits that keep a hostile or generated file from exhausting the stack or the time
+// (docs/placement-files.md, "Limits"); real placements stay far below them.
+inline constexpr int kMaxNesting = 200;  // parentheses, unary '-' and 'not', '^', calls: the parser's recursion
+inline constexpr int kMaxDepth = 1000;   // operations from a value down to a leaf, constants and bindings included
+inline constexpr int kMaxTerms = 10000;  // numbers, names, operators and calls in one string
+
 // Where a string of the file starts, to turn an offset inside it into file:line:column.
 struct Origin {
   std::string file;
@@ -36,6 +42,9 @@ struct Expr {
   std::vector<Expr> args;
   const Origin* origin = nullptr;
   int offset = 0;             // where it starts in its string
+  // Levels from here down to a leaf: the parser counts its own string, the checker adds the
+  // constants and bindings that names stand for. Every recursive pass goes at most this deep.
+  int depth = 1;
   bool tensor = false;        // mentions a stream, a binding, N, U or F (set by the checker)
   bool holds_branch = false;  // depends on F, bindings looked through (set by the checker)
   bool marked_sum = false;    // the sum of docs/placement-files.md's update/sum rule
@@ -54,6 +63,9 @@ struct Statement {
 Expr parse_expression(std::string_view text, const Origin* origin);
 // A whole rule: statements separated by ';' or newlines.
 std::vector<Statement> parse_rule(std::string_view text, const Origin* origin);
+
+// The error for an expression deeper than kMaxDepth (the parser's and the checker's).
+std::string depth_message();
 
 bool is_function(std::string_view name);  // sqrt exp log floor min max mod if
 bool is_reserved(std::string_view name);  // every name a file may not define

@@ -5,10 +5,16 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
 #include <memory>
-#include <sstream>
+#include <set>
+#include <system_error>
 
 #include "gradflow/errors.hpp"
 #include "gradflow/suggest.hpp"
@@ -34,10 +40,20 @@ constexpr std::array kEntryKeys = {"when",      "rule",   "qkv_norm", "score_sca
                                    "skip_gain", "update", "sum"};
 constexpr std::array kMatrices = {"q", "k", "v", "o", "up", "down"};  // WeightMatrix order
 constexpr std::array kGrowth = {"vanishing", "bounded", "sqrt", "linear", "other"};
+// Counts a real placement stays far below (hyper-connections: 4 streams; keel: 2 options, 1 entry).
+// Each stream is a T x d matrix in every state; each option a flag of every command line; each
+// entry's condition is tried for every sublayer.
+constexpr std::size_t kMaxStreams = 64;
+constexpr std::size_t kMaxOptions = 64;
+constexpr std::size_t kMaxEntries = 1000;
 
 class FileReader {
  public:
-  explicit FileReader(PlacementDefinition& def) : def_(def) {}
+  explicit FileReader(PlacementDefinition& def) : def_(def) {
+    line_starts_.push_back(0);
+    for (std::size_t i = 0; i < def_.text.size(); ++i)
+      if (def_.text[i] == '\n') line_starts_.push_back(i + 1);
+  }
 
   [[noreturn]] void fail(const toml::source_region& at, const std::string& what) const {
     throw InputError(fmt::format("{}:{}:{}: {}", def_.path, at.begin.line, at.begin.column, what));
@@ -47,18 +63,25 @@ class FileReader {
   const Origin* origin(const toml::node& node) {
     const toml::source_region& at = node.source();
     Origin o{def_.path, static_cast<int>(at.begin.line), static_cast<int>(at.begin.column), false};
-    std::istringstream lines(def_.text);
-    std::string line;
-    for (unsigned i = 0; i < at.begin.line && std::getline(lines, line);) ++i;
+    const std::string_view line = line_text(at.begin.line);
     const std::size_t col = at.begin.column - 1;
-    if (col < line.size() && (line[col] == '"' || line[col] == '\'') && line.compare(col, 3, "\"\"\"") != 0 &&
-        line.compare(col, 3, "'''") != 0) {
+    if (col < line.size() && (line[col] == '"' || line[col] == '\'') && line.substr(col, 3) != "\"\"\"" &&
+        line.substr(col, 3) != "'''") {
       const std::size_t close = line.find(line[col], col + 1);
       o.exact = line[col] == '\'' || line.substr(col, close - col).find('\\') == std::string::npos;
       o.column = static_cast<int>(at.begin.column) + 1;
     }
     def_.origins.push_back(o);
     return &def_.origins.back();
+  }
+
+  // Line `number` (1-based) of the file, from an index made once: one scan of the text per string
+  // value would make a file of many strings quadratic.
+  std::string_view line_text(std::size_t number) const {
+    if (number == 0 || number > line_starts_.size()) return {};
+    const std::size_t start = line_starts_[number - 1];
+    const std::size_t end = std::min(def_.text.find('\n', start), def_.text.size());
+    return std::string_view(def_.text).substr(start, end - start);
   }
 
   std::string string(const toml::node& node, const char* what) {
@@ -117,7 +140,12 @@ class FileReader {
   void read_entry(const toml::table& table);
 
  private:
+  void check_placement_name(const toml::node& node, const std::string& name, const char* what);
+  void read_aliases(const toml::node& node);
+  void check_stream_names(const toml::node& node);
+
   PlacementDefinition& def_;
+  std::vector<std::size_t> line_starts_;  // where each line of the text starts
 };
 
 const toml::node& required(const toml::table& table, const char* key, FileReader& reader) {
@@ -139,14 +167,7 @@ void FileReader::read_top(const toml::table& top) {
   def_.id = string(required(top, "id", *this), "id");
   const toml::source_region& id_at = top.get("id")->source();
   def_.id_at = fmt::format("{}:{}:{}", def_.path, id_at.begin.line, id_at.begin.column);
-  const bool id_ok = !def_.id.empty() && std::islower(static_cast<unsigned char>(def_.id[0])) &&
-                     std::all_of(def_.id.begin(), def_.id.end(), [](char c) {
-                       return std::islower(static_cast<unsigned char>(c)) ||
-                              std::isdigit(static_cast<unsigned char>(c)) || c == '-';
-                     });
-  if (!id_ok)
-    fail(top.get("id")->source(),
-         "expected an id of lower-case letters, digits and '-', starting with a letter");
+  check_placement_name(*top.get("id"), def_.id, "id");
   def_.citation = string(required(top, "citation", *this), "citation");
   const toml::node& growth = required(top, "expected_growth", *this);
   def_.expected_growth = string(growth, "expected_growth");
@@ -154,15 +175,8 @@ void FileReader::read_top(const toml::table& top) {
     fail(growth.source(), fmt::format("expected_growth is one of {}", fmt::join(kGrowth, ", ")));
   def_.streams = top.get("streams") ? string_array(*top.get("streams"), *this, "streams")
                                     : std::vector<std::string>{"x"};
-  for (const std::string& name : def_.streams) {
-    const bool size = name == "S" || name == "B" || name == "l" || name == "b" || name == "d" ||
-                      name == "T" || name == "heads";
-    if (name.empty() || (placement::is_reserved(name) && !size) ||
-        std::isdigit(static_cast<unsigned char>(name[0])))
-      fail(top.get("streams")->source(),
-           fmt::format("'{}' cannot be a stream name (reserved or not a name)", name));
-  }
-  if (top.get("aliases")) def_.aliases = string_array(*top.get("aliases"), *this, "aliases");
+  if (top.get("streams")) check_stream_names(*top.get("streams"));
+  if (top.get("aliases")) read_aliases(*top.get("aliases"));
   if (top.get("provisional")) def_.provisional_note = string(*top.get("provisional"), "provisional");
   if (const toml::node* unit = top.get("unit_norm_weights")) {
     if (!unit->is_boolean()) fail(unit->source(), "expected unit_norm_weights as true or false");
@@ -174,10 +188,65 @@ void FileReader::read_top(const toml::table& top) {
   def_.output = placement::parse_expression(def_.output_text, origin(output));
 }
 
+// An id or alias is what --arch takes: lower-case letters, digits and '-', starting with a letter,
+// so never a path ('/', '.', '.toml'), a flag ('-x') or a list (','); and not "all", which --arch
+// reads as every placement.
+void FileReader::check_placement_name(const toml::node& node, const std::string& name, const char* what) {
+  const bool name_ok = !name.empty() && std::islower(static_cast<unsigned char>(name[0])) &&
+                       std::all_of(name.begin(), name.end(), [](char c) {
+                         return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+                       });
+  if (!name_ok)
+    fail(node.source(), fmt::format("expected an {} of lower-case letters, digits and '-', starting with a "
+                                    "letter, not {:?} (e.g. \"my-pre-ln\")",
+                                    what, name));
+  if (name == "all")
+    fail(node.source(), fmt::format("the {} \"all\" is reserved (--arch all means every placement); choose "
+                                    "another",
+                                    what));
+}
+
+void FileReader::read_aliases(const toml::node& node) {
+  def_.aliases = string_array(node, *this, "aliases");
+  std::set<std::string> seen = {def_.id};
+  for (std::size_t i = 0; i < def_.aliases.size(); ++i) {
+    const toml::node& item = *node.as_array()->get(i);
+    check_placement_name(item, def_.aliases[i], "alias");
+    if (!seen.insert(def_.aliases[i]).second)
+      fail(item.source(), fmt::format("alias \"{}\" repeats the id or another alias; remove it", def_.aliases[i]));
+  }
+}
+
+// Stream names are identifiers (rules name them), distinct, and not reserved; a size's name is
+// allowed (ResiDual's stream d: inside rules the name means the stream).
+void FileReader::check_stream_names(const toml::node& node) {
+  std::set<std::string> seen;
+  for (std::size_t i = 0; i < def_.streams.size(); ++i) {
+    const std::string& name = def_.streams[i];
+    const toml::source_region& at = node.as_array()->get(i)->source();
+    if (i == kMaxStreams)
+      fail(at, fmt::format("more than {} streams; a placement has a few (hyper-connections: 4)", kMaxStreams));
+    const bool size = name == "S" || name == "B" || name == "l" || name == "b" || name == "d" ||
+                      name == "T" || name == "heads";
+    const bool identifier =
+        !name.empty() && (std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_') &&
+        std::all_of(name.begin(), name.end(),
+                    [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!identifier || (placement::is_reserved(name) && !size))
+      fail(at, fmt::format("{:?} cannot be a stream name (reserved or not a name: letters, digits and '_', "
+                           "starting with a letter); rename it",
+                           name));
+    if (!seen.insert(name).second)
+      fail(at, fmt::format("stream '{}' is named twice in streams; give each stream its own name", name));
+  }
+}
+
 void FileReader::read_options(const toml::table& top) {
   const toml::node* node = top.get("options");
   if (!node) return;
   if (!node->is_table()) fail(node->source(), "expected [options.KEY] tables");
+  if (node->as_table()->size() > kMaxOptions)
+    fail(node->source(), fmt::format("more than {} options; a placement has a few", kMaxOptions));
   for (auto&& [key, value] : *node->as_table()) {
     const std::string name(key.str());
     const bool name_ok = !name.empty() && std::islower(static_cast<unsigned char>(name[0])) &&
@@ -393,15 +462,103 @@ void FileReader::read_entry(const toml::table& table) {
   def_.sublayers.push_back(std::move(entry));
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(fmt::format("{}: cannot read the placement file; check the path", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+constexpr std::size_t kMaxFileBytes = 1 << 20;  // a placement file is a few kilobytes
+
+std::string why_not_opened(int error) {
+  if (error == ELOOP) return "a symbolic link loop (too many levels of symbolic links); fix the link";
+  return fmt::format("cannot read the placement file ({}); check the path", std::strerror(error));
+}
+
+std::string what_it_is(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+void refuse_if_too_large(const std::string& path, std::size_t size) {
+  if (size > kMaxFileBytes)
+    throw InputError(fmt::format("{}: {} bytes, more than the {} bytes (1 MiB) a placement file may have; "
+                                 "check the path (a placement file is a few kilobytes)",
+                                 path, size, kMaxFileBytes));
+}
+
+// Closes the descriptor on every path out.
+struct Descriptor {
+  int fd;
+  ~Descriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+}  // namespace
+
+// Opened without blocking (a FIFO would wait for a writer forever) and then refused unless it is a
+// regular file; symbolic links are followed, a loop among them refused by name.
+std::string read_placement_text(const std::string& path) {
+  const Descriptor file{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
+  struct stat info {};
+  if (file.fd < 0 || ::fstat(file.fd, &info) != 0)
+    throw InputError(fmt::format("{}: {}", path, why_not_opened(errno)));
+  if (!S_ISREG(info.st_mode))
+    throw InputError(fmt::format("{}: {}, not a placement file; give the path of a regular .toml file", path,
+                                 what_it_is(info.st_mode)));
+  refuse_if_too_large(path, static_cast<std::size_t>(info.st_size));
+  std::string text;
+  char buffer[65536];
+  for (ssize_t got = 0; (got = ::read(file.fd, buffer, sizeof buffer)) != 0;) {
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw InputError(fmt::format("{}: {}", path, why_not_opened(errno)));
+    text.append(buffer, static_cast<std::size_t>(got));
+    if (text.size() > kMaxFileBytes) break;  // it grew since fstat
+  }
+  refuse_if_too_large(path, text.size());
+  return text;
+}
+
+namespace {
+
+// toml++ bounds nested arrays and inline tables (256) but not dotted keys: 'a.a.a... = 1' with
+// 500,000 parts overflows its stack. A key, or a [table] header, may have at most kMaxKeyParts
+// parts, counted before toml++ sees the text. A line counts as a key while it holds only what a key
+// may (bare-key characters, blanks, dots, quoted parts), so values and rules are not counted.
+constexpr int kMaxKeyParts = 64;
+
+int key_parts(std::string_view line, std::size_t& at) {
+  std::size_t i = line.find_first_not_of(" \t[");
+  int parts = 1;
+  for (; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == '"' || c == '\'') {  // a quoted part: skip to its end
+      for (++i; i < line.size() && line[i] != c; ++i) i += c == '"' && line[i] == '\\';
+    } else if (c == '.') {
+      if (++parts > kMaxKeyParts) {
+        at = i;
+        return parts;
+      }
+    } else if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != ' ' && c != '\t') {
+      break;  // '=' or ']' ends the key; anything else means this line is no key
+    }
+  }
+  return parts;
+}
+
+void check_key_parts(const PlacementDefinition& def) {
+  std::size_t start = 0;
+  for (int line = 1; start < def.text.size(); ++line) {
+    const std::size_t end = std::min(def.text.find('\n', start), def.text.size());
+    std::size_t at = 0;
+    if (key_parts(std::string_view(def.text).substr(start, end - start), at) > kMaxKeyParts)
+      throw InputError(fmt::format("{}:{}:{}: a key of more than {} dotted parts; a placement file's keys have "
+                                   "one or two (options.KEY)",
+                                   def.path, line, at + 1, kMaxKeyParts));
+    start = end + 1;
+  }
 }
 
 void read_definition(PlacementDefinition& def) {
+  check_key_parts(def);
   FileReader reader(def);
   toml::table top;
   try {
@@ -421,6 +578,9 @@ void read_definition(PlacementDefinition& def) {
   if (!entries) reader.fail(top.source(), "missing the [[sublayer]] entries (at least one, with a rule)");
   if (!entries->is_array_of_tables())
     reader.fail(entries->source(), "expected [[sublayer]] as an array of tables");
+  if (entries->as_array()->size() > kMaxEntries)
+    reader.fail(entries->as_array()->get(kMaxEntries)->source(),
+                fmt::format("more than {} [[sublayer]] entries; a placement has a few", kMaxEntries));
   for (const toml::node& entry : *entries->as_array()) reader.read_entry(*entry.as_table());
   def.update_rule = top.get("update_rule") ? reader.string(*top.get("update_rule"), "update_rule") : "";
   if (def.update_rule.empty()) {
@@ -462,7 +622,11 @@ Architecture define_placement(const std::string& path, std::string text, bool bu
 }  // namespace
 
 Architecture load_placement_file(const std::string& path) {
-  return define_placement(path, read_text(path), false);
+  return define_placement(path, read_placement_text(path), false);
+}
+
+Architecture load_placement_text(const std::string& path, std::string text) {
+  return define_placement(path, std::move(text), false);
 }
 
 Architecture load_built_in_placement(std::string_view name, std::string_view text) {

@@ -6,10 +6,7 @@
 #include <cmath>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <tuple>
 
@@ -133,14 +130,29 @@ void add_unique(std::deque<Architecture>& table, Architecture arch) {
   table.push_back(std::move(arch));
 }
 
-// The *.toml files of one directory, in name order (a missing directory has none).
+[[noreturn]] void refuse_directory(const std::string& directory, const std::error_code& error) {
+  const std::string why = error == std::errc::too_many_symbolic_link_levels
+                              ? "a symbolic link loop (too many levels of symbolic links)"
+                              : error.message();
+  throw InputError(fmt::format("{}: cannot list this placement directory ({}); fix it or remove it from "
+                               "GRADFLOW_PLACEMENTS",
+                               directory, why));
+}
+
+// The *.toml entries of one directory, in name order; a missing directory has none. Subdirectories
+// are not entered, so a link loop among them cannot trap the walk. Entries are not filtered by
+// type: a *.toml that is a link loop, a dangling link, a FIFO or a directory is then refused by
+// name when read (read_placement_text), not skipped, since it was put there to be loaded. Only
+// error codes here: a filesystem_error (an entry's status on a link loop) ended in terminate.
 std::vector<std::string> placement_files(const std::string& directory) {
   std::vector<std::string> files;
   std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".toml")
-      files.push_back(entry.path().string());
+  std::filesystem::directory_iterator entries(directory, error);
+  if (error == std::errc::no_such_file_or_directory) return files;
+  for (; !error && entries != std::filesystem::directory_iterator(); entries.increment(error)) {
+    if (entries->path().extension() == ".toml") files.push_back(entries->path().string());
   }
+  if (error) refuse_directory(directory, error);
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -165,14 +177,6 @@ std::deque<Architecture>& loaded_files() {
   static std::deque<Architecture> all;
   return all;
 }
-// A file's bytes, or nullopt when it cannot be read (load_placement_file then says why).
-std::optional<std::string> file_text(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  std::ostringstream text;
-  if (!(file && text << file.rdbuf())) return std::nullopt;
-  return text.str();
-}
-
 // The text each file had when it was loaded, and its Architecture, by canonical path.
 std::map<std::string, std::pair<std::string, const Architecture*>>& loaded_unchanged() {
   static std::map<std::string, std::pair<std::string, const Architecture*>> files;
@@ -191,28 +195,29 @@ FileSession& file_session() {
 const Architecture& architecture_from_path(std::string_view path) {
   FileSession& session = file_session();
   if (const auto known = session.by_path.find(path); known != session.by_path.end()) return *known->second;
+  // Read first: a FIFO, device, directory, link loop or oversized file is refused here by name.
+  const std::string text = read_placement_text(std::string(path));
   std::error_code error;
   const std::string absolute = std::filesystem::weakly_canonical(std::string(path), error).string();
   for (const Architecture& arch : registry()) {
     std::error_code ignored;
-    if (arch.source != "built-in" &&
+    if (arch.source != "built-in" && !absolute.empty() &&
         std::filesystem::weakly_canonical(std::string(arch.source), ignored) == absolute)
       return *(session.by_path[std::string(path)] = &arch);
   }
   // A file loaded by an earlier command line and unchanged since is reused: a process that names
   // the same file in every call (a notebook's loop) does not grow.
-  const std::optional<std::string> text = file_text(absolute);
   const Architecture* arch = nullptr;
   if (const auto cached = loaded_unchanged().find(absolute);
-      text && cached != loaded_unchanged().end() && cached->second.first == *text) {
+      cached != loaded_unchanged().end() && cached->second.first == text) {
     arch = cached->second.second;
     check_unique(architectures(), *arch);
   } else {
-    Architecture loaded = load_placement_file(std::string(path));
+    Architecture loaded = load_placement_text(std::string(path), text);
     check_unique(architectures(), loaded);
     loaded_files().push_back(std::move(loaded));
     arch = &loaded_files().back();
-    if (text) loaded_unchanged()[absolute] = {*text, arch};
+    loaded_unchanged()[absolute] = {text, arch};
   }
   session.current.push_back(arch);
   return *(session.by_path[std::string(path)] = arch);
