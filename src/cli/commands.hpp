@@ -89,6 +89,10 @@ Command setup_explain(CLI::App& app);
 std::string parse_error_message(const CLI::App& app, const CLI::ParseError& error,
                                 const std::vector<std::string>& args);
 std::string unknown_subcommand(const CLI::App& app, const std::vector<std::string>& args);
+// Every numeric option of the tree reads its values in decimal only (number_options.cpp).
+void read_numbers_in_decimal(CLI::App& app);
+// The one-line error for an option given '' or a list with an empty item; "" when there is none.
+std::string empty_value_problem(const CLI::App& app, const std::vector<std::string>& args);
 
 // The model flags analyze and sweep share (model_options.cpp): everything but --arch, --depth,
 // --width and the seeds, which each subcommand declares in its own shape.
@@ -131,9 +135,11 @@ void check_options_apply(const ModelConfig& model, const std::vector<const Archi
 // Returns the estimate in bytes.
 double check_memory(const ModelConfig& model, const std::vector<const Architecture*>& archs, int concurrent,
                     int threads, long long stored_runs);
-// Address space each thread maps besides the data (8 MB stack, glibc's 64 MB malloc arena,
-// OpenBLAS's 32 MB buffer, and slack); measured VmPeak grows by about 120 MB per thread.
-inline constexpr std::uint64_t kThreadAddressSpace = 128ull << 20;
+// Address space each thread maps besides the data: an 8 MB stack, glibc's new malloc arena (it
+// maps 128 MB for a moment to align its 64 MB heap) and OpenBLAS 0.3.21's 128 MB buffer, mapped on
+// the thread's first BLAS call, where a failed mapping spins forever instead of failing. Measured:
+// analyze --arch keel --depth 64 on 2 threads hangs there at 358 MB of RLIMIT_AS, runs at 460 MB.
+inline constexpr std::uint64_t kThreadAddressSpace = 320ull << 20;
 // Refuses `needed` bytes (what: the work it is for; fix: what to try) when they exceed the
 // memory available to this process, or its address-space limit with `threads` threads.
 void check_memory_need(double needed, int threads, const std::string& what, const std::string& fix);
@@ -152,13 +158,16 @@ std::string host_tag();
 // commit(); removed if never committed. An empty path means stdout (written at commit()).
 class AtomicOutput {
  public:
-  explicit AtomicOutput(std::string path);  // throws InputError when the path is not writable
+  // `option` names the path in messages ("-o", "--export-weights"; "" for a file of a sweep
+  // directory, named by its path alone). Throws InputError when the path is not writable.
+  explicit AtomicOutput(std::string path, std::string option = "-o");
   ~AtomicOutput();
   std::ostream& stream();
   void commit();
 
  private:
-  std::string path_, temporary_;
+  std::string named() const;  // "-o out.json", or the path alone
+  std::string path_, option_, temporary_;
   int slot_ = -1;  // its entry in the table the SIGINT/SIGTERM handler cleans up
   std::ofstream file_;
   std::ostringstream buffer_;
@@ -197,8 +206,10 @@ nlohmann::ordered_json read_json_file(const std::string& path);
 void check_json_file_bounds(const std::string& path);
 // Whether a path exists; throws InputError naming it when it cannot be examined (ELOOP, EACCES).
 bool path_exists(const std::string& path);
-// Writes `text` to `path` whole or not at all (AtomicOutput).
-void write_file_atomically(const std::string& path, const std::string& text);
+// Writes `text` to `path` whole or not at all (AtomicOutput; `option` as there).
+void write_file_atomically(const std::string& path, const std::string& text, const std::string& option = "");
+// True when the two paths name one file, existing or not (after resolving links and "..").
+bool same_file(const std::string& a, const std::string& b);
 
 // What limits this process's memory: the machine (MemAvailable), the cgroup (memory.max minus
 // memory.current) and the address-space limit (RLIMIT_AS, e.g. ulimit -v) with what is mapped already.

@@ -110,6 +110,11 @@ std::string describe(const CLI::App& sub, const CLI::ParseError& error,
     return fmt::format("unknown option {}{}", unknown,
                        nearest.empty() ? "" : fmt::format("; did you mean {}?", nearest));
   }
+  if (const auto colon = what.find(": "); kind == "ValidationError" && colon != std::string::npos) {
+    // gradflow's own validators (number_options.cpp) word the whole message, starting with the name.
+    const std::string name = what.substr(0, colon), message = what.substr(colon + 2);
+    if (message.starts_with(name + " ")) return message;
+  }
   if (what.find("not expected: ") != std::string::npos) {
     // CLI11 lists the extras last first; name the first one given.
     const std::string extras = what.substr(what.find(": ") + 2);

@@ -3,6 +3,7 @@
 // raises it, so both speak with the same messages.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -75,8 +76,29 @@ void report_progress_to_hooks(long long done, long long total) {
   if (const CliHooks* hooks = active_hooks(); hooks && hooks->progress) hooks->progress(done, total);
 }
 
-CliOutcome run_cli(const std::string& program, const std::vector<std::string>& args, const CliHooks* hooks) {
-  ActiveHooks active(hooks);
+namespace {
+// The one line an error is: a control character in it (a file name with a newline, a byte read
+// from a file) would break it, so each is written as an escape (\n, \x1b).
+std::string one_line(const std::string& message) {
+  std::string line;
+  for (const char c : message) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      line += "\\n";
+    } else if (c == '\r') {
+      line += "\\r";
+    } else if (c == '\t') {
+      line += "\\t";
+    } else if (byte < 0x20 || byte == 0x7f) {
+      line += fmt::format("\\x{:02x}", byte);
+    } else {
+      line += c;
+    }
+  }
+  return line;
+}
+
+CliOutcome run_cli_once(const std::string& program, const std::vector<std::string>& args) {
   forget_placement_files();  // each command line reads the placement files it names afresh
   CLI::App app{"gradflow: signal and gradient flow in deep Transformer stacks, measured exactly at depth."};
   app.set_version_flag("--version", std::string("gradflow ") + GRADFLOW_VERSION);
@@ -92,17 +114,41 @@ CliOutcome run_cli(const std::string& program, const std::vector<std::string>& a
   } catch (const InputError& error) {
     return failure(error.what());
   }
+  read_numbers_in_decimal(app);
+  if (const auto version = std::find(args.begin(), args.end(), "--version");
+      version != args.end() && args.size() > 1) {
+    return failure(fmt::format("--version takes nothing else ({:?} given with it); run 'gradflow --version' alone",
+                               args.front() == "--version" ? args[1] : args.front()));
+  }
   if (const std::string message = unknown_subcommand(app, args); !message.empty())
+    return {static_cast<int>(ExitCode::bad_input), message};
+  if (const std::string message = empty_value_problem(app, args); !message.empty())
     return {static_cast<int>(ExitCode::bad_input), message};
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them back to front
     app.parse(reversed);
   } catch (const CLI::ParseError& error) {
-    if (error.get_exit_code() == 0) return {app.exit(error), ""};  // --help, --version (on stdout)
+    if (error.get_exit_code() == 0) {  // --help, --version (on stdout), which may fail to arrive
+      const int code = app.exit(error);
+      try {
+        check_stdout();
+      } catch (const InputError& lost) {
+        return failure(lost.what());
+      }
+      return {code, ""};
+    }
     // One line naming the value, the fix and the subcommand's --help.
     return {static_cast<int>(ExitCode::bad_input), parse_error_message(app, error, args)};
   }
   return run_parsed(commands);
+}
+}  // namespace
+
+CliOutcome run_cli(const std::string& program, const std::vector<std::string>& args, const CliHooks* hooks) {
+  ActiveHooks active(hooks);
+  CliOutcome outcome = run_cli_once(program, args);
+  outcome.message = one_line(outcome.message);
+  return outcome;
 }
 
 }  // namespace gradflow::cli
