@@ -141,13 +141,31 @@ void warn_before_start(const ModelConfig& model, const std::string& format, int 
 void export_weights(const AnalysisReport& report, const std::string& base, bool several) {
   for (const ArchResult& result : report.results) {
     for (const SeedResult& seed : result.seeds) {
-      AtomicOutput file(export_path(base, result.arch->id, seed.seed, several));
+      AtomicOutput file(export_path(base, result.arch->id, seed.seed, several), "--export-weights");
       const nlohmann::ordered_json metadata = {{"arch", std::string(result.arch->id)},
                                                {"seed", std::to_string(seed.seed)},
                                                {"config", config_to_json(result).dump()}};
       write_safetensors(run_tensors(result.config, *result.arch, result.constants, seed.seed),
                         result.config.precision, metadata, file.stream());
       file.commit();
+    }
+  }
+}
+
+// --export-weights files that would replace -o's output or each other are refused before any
+// work: the run would end with one of them silently lost.
+void refuse_clashing_exports(const AnalyzeOptions& options, const std::vector<const Architecture*>& archs,
+                             const std::vector<std::uint64_t>& seeds) {
+  if (options.export_weights.empty()) return;
+  const bool several = archs.size() * seeds.size() > 1;
+  for (const Architecture* arch : archs) {
+    for (const std::uint64_t seed : seeds) {
+      const std::string path = export_path(options.export_weights, arch->id, seed, several);
+      if (!options.output.empty() && options.output != "-" && same_file(path, options.output)) {
+        throw InputError(fmt::format(
+            "--export-weights {} would overwrite -o {}, the report; give the two different file names",
+            path, options.output));
+      }
     }
   }
 }
@@ -307,6 +325,7 @@ int run_analyze(const AnalyzeOptions& options) {
       check_memory(model, archs, concurrent, jobs == 1 ? std::min(threads, 2) : concurrent, job_count);
   if (config_file) print_config_notes(*config_file, options.verbose);
   warn_before_start(model, format, jobs, threads, memory_bytes);
+  refuse_clashing_exports(options, archs, seed_list(options));
   AtomicOutput output(options.output);  // fails now, before any work, if the path is not writable
 
   const auto start = std::chrono::steady_clock::now();

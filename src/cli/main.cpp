@@ -49,5 +49,8 @@ int main(int argc, char** argv) {
   gradflow::cli::install_signal_cleanup();
   const gradflow::cli::CliOutcome outcome = gradflow::cli::run_cli(argv[0], {argv + 1, argv + argc}, nullptr);
   if (!outcome.message.empty()) std::fprintf(stderr, "%s\n", outcome.message.c_str());
+  // stderr carries sweep's summary table and every warning: lost (2>/dev/full), the run did not
+  // say what it had to, so it does not exit 0. (There is nowhere left to say why.)
+  if ((std::fflush(stderr) != 0 || std::ferror(stderr)) && outcome.code == 0) return 2;
   return outcome.code;
 }

@@ -85,22 +85,26 @@ void install_signal_cleanup() {
   action.sa_handler = remove_temporaries_and_exit;
   sigemptyset(&action.sa_mask);
   for (const int signal_number : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal_number, &action, nullptr);
+  // Over the file-size limit (ulimit -f) a write would kill the process with SIGXFSZ and leave the
+  // temporary behind; ignored, the write fails with EFBIG and AtomicOutput reports it and cleans up.
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
-AtomicOutput::AtomicOutput(std::string path) : path_(std::move(path)) {
+AtomicOutput::AtomicOutput(std::string path, std::string option)
+    : path_(std::move(path)), option_(std::move(option)) {
   if (path_.empty() || path_ == "-") return;
   const std::filesystem::path target(path_);
   const std::string kind = special_kind(path_);
   if (kind == "a directory") {
     throw InputError(
-        fmt::format("-o {} is a directory; give a file name such as {}/result.json", path_, path_));
+        fmt::format("{} is a directory; give a file name such as {}/result.json", named(), path_));
   }
   if (!kind.empty()) {
     // Replacing the link or device by a regular file (rename) would surprise; writing through it
     // would not be all-or-nothing. Shell redirection is the way to reach a device or a pipe.
     throw InputError(fmt::format(
-        "-o {} is {}; gradflow writes regular files only (omit -o and redirect stdout to reach it)", path_,
-        kind));
+        "{} is {}; gradflow writes regular files only{}", named(), kind,
+        option_ == "-o" ? " (omit -o and redirect stdout to reach it)" : ""));
   }
   std::random_device entropy;
   temporary_ = fmt::format("{}.tmp.{}.{:x}.{}", path_, ::getpid(), entropy(), host_tag());
@@ -113,7 +117,7 @@ AtomicOutput::AtomicOutput(std::string path) : path_(std::move(path)) {
     temporary_.clear();
     const auto parent = target.has_parent_path() ? target.parent_path().string() : std::string(".");
     throw InputError(
-        fmt::format("-o {} is not writable (cannot create a file in {}: {}); choose a writable path", path_,
+        fmt::format("{} is not writable (cannot create a file in {}: {}); choose a writable path", named(),
                     parent, std::strerror(error)));
   }
 }
@@ -126,6 +130,10 @@ AtomicOutput::~AtomicOutput() {
   unregister_temporary(slot_);
 }
 
+std::string AtomicOutput::named() const {
+  return option_.empty() ? path_ : fmt::format("{} {}", option_, path_);
+}
+
 std::ostream& AtomicOutput::stream() {
   return temporary_.empty() ? static_cast<std::ostream&>(buffer_) : file_;
 }
@@ -135,9 +143,14 @@ void AtomicOutput::commit() {
     std::cout << buffer_.str();
     check_stdout();
   } else {
+    errno = 0;
     file_.close();
     if (!file_ || std::rename(temporary_.c_str(), path_.c_str()) != 0) {
-      throw InputError(fmt::format("could not write -o {}; check the disk space and permissions", path_));
+      // EFBIG: over the file-size limit (ulimit -f; SIGXFSZ is ignored so that it arrives here).
+      const int error = errno;
+      throw InputError(fmt::format("could not write {} ({}); check the disk space, the file-size limit "
+                                   "(ulimit -f) and permissions",
+                                   named(), error != 0 ? std::strerror(error) : "write error"));
     }
   }
   committed_ = true;
@@ -329,6 +342,15 @@ void check_json_file_bounds(const std::string& path) {
   if (const auto text = read_text_file(path)) check_json_nesting(*text, path);
 }
 
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code error;
+  const auto resolved_a = std::filesystem::weakly_canonical(std::filesystem::absolute(a), error);
+  if (error) return a == b;
+  const auto resolved_b = std::filesystem::weakly_canonical(std::filesystem::absolute(b), error);
+  if (error) return a == b;
+  return resolved_a == resolved_b;
+}
+
 bool path_exists(const std::string& path) {
   std::error_code error;
   const bool exists = std::filesystem::exists(path, error);
@@ -337,8 +359,8 @@ bool path_exists(const std::string& path) {
   return exists;
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  AtomicOutput output(path);
+void write_file_atomically(const std::string& path, const std::string& text, const std::string& option) {
+  AtomicOutput output(path, option);
   output.stream() << text;
   output.commit();
 }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -358,6 +359,8 @@ json plan_document(const SweepGrid& grid, const ModelConfig& model,
       {"cells", rows}};
 }
 
+constexpr int kMaxJobs = 1024;
+
 int run_sweep(const SweepOptions& options) {
   if (options.directory.empty())
     throw InputError("-o '' is an empty directory name; give the sweep's directory, e.g. -o sweep-out");
@@ -379,7 +382,16 @@ int run_sweep(const SweepOptions& options) {
   ModelConfig largest = model;
   largest.blocks = *std::max_element(grid.depths.begin(), grid.depths.end());
   largest.width = *std::max_element(grid.widths.begin(), grid.widths.end());
-  check_memory(largest, archs, options.jobs, options.jobs == 1 ? 2 : options.jobs, options.jobs);
+  if (options.jobs > kMaxJobs) {
+    throw InputError(fmt::format("--jobs {} must lie in [1, {}]; each job runs one cell on one core and this "
+                                 "machine has {}; try --jobs {}",
+                                 options.jobs, kMaxJobs, std::max(1u, std::thread::hardware_concurrency()),
+                                 std::max(1u, std::thread::hardware_concurrency())));
+  }
+  // No more cells run at once than this shard has: --jobs 64 for 3 cells needs the memory of 3.
+  const auto shard_size = static_cast<long long>(shard_cells(sweep_cells(grid), shard_index, shard_count).size());
+  const int concurrent = static_cast<int>(std::clamp<long long>(shard_size, 1, options.jobs));
+  check_memory(largest, archs, concurrent, concurrent == 1 ? 2 : concurrent, concurrent);
 
   const std::filesystem::path directory(options.directory), cells_directory = directory / "cells";
   checked_manifest(directory, grid, model);  // another model or grid: refused before anything is created
