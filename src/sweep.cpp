@@ -10,6 +10,7 @@
 #include <map>
 
 #include "gradflow/config.hpp"
+#include "gradflow/decimal.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/rng.hpp"
 #include "gradflow/statistics.hpp"
@@ -130,6 +131,14 @@ std::vector<int> parse_int_list(const std::string& text, const std::string& opti
     const auto end = std::min(text.find(',', start), text.size());
     int value = 0;
     const std::string_view item = std::string_view(text).substr(start, end - start);
+    if (item.empty()) {
+      throw InputError(
+          fmt::format("{} {:?} has an empty item between ','s; remove the extra ','", option, text));
+    }
+    // Read as every numeric option is (decimal.hpp): "010" is ten, 0x10 and 1e3 are refused.
+    if (const DecimalReading reading = read_decimal(item, NumberKind::whole); !reading.problem.empty()) {
+      throw InputError(fmt::format("{} {:?} {}; give a list such as 8,16,32", option, item, reading.problem));
+    }
     if (!parse_int(item, value) || value < 1) {
       throw InputError(fmt::format("{} {:?}: {:?} is not a positive integer; give a list such as 8,16,32",
                                    option, text, item));

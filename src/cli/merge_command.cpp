@@ -184,9 +184,9 @@ int run_merge(const MergeOptions& options) {
   if (format == "csv") {
     std::ostringstream text;
     write_sweep_csv(document, text);
-    write_file_atomically(options.output, text.str());
+    write_file_atomically(options.output, text.str(), "-o");
   } else {
-    write_file_atomically(options.output, document.dump() + "\n");
+    write_file_atomically(options.output, document.dump() + "\n", "-o");
   }
   return 0;
 }
