@@ -152,6 +152,34 @@ void export_weights(const AnalysisReport& report, const std::string& base, bool 
   }
 }
 
+// -o onto a file the run reads (--config, --tokens, a placement file, a checkpoint's files) would
+// replace that input with the report: refused before any work.
+void refuse_output_onto_inputs(const AnalyzeOptions& options, const std::string& config_origin) {
+  if (options.output.empty() || options.output == "-") return;
+  std::vector<std::pair<std::string, std::string>> inputs;  // (option, path)
+  if (!config_origin.empty()) inputs.emplace_back("--config", config_origin);
+  if (!options.tokens.empty()) inputs.emplace_back("--tokens", options.tokens);
+  std::size_t start = 0;
+  while (start <= options.arch.size()) {
+    const auto end = std::min(options.arch.find(',', start), options.arch.size());
+    const std::string item = options.arch.substr(start, end - start);
+    if (item.find('/') != std::string::npos || item.ends_with(".toml")) inputs.emplace_back("--arch", item);
+    start = end + 1;
+  }
+  std::error_code error;
+  if (!options.checkpoint.empty()) {
+    for (const auto& entry : std::filesystem::directory_iterator(options.checkpoint, error)) {
+      if (entry.is_regular_file(error)) inputs.emplace_back("--checkpoint", entry.path().string());
+    }
+  }
+  for (const auto& [option, path] : inputs) {
+    if (same_file(options.output, path)) {
+      throw InputError(fmt::format("-o {} is {} {}, a file this run reads; write the report to another file",
+                                   options.output, option, path));
+    }
+  }
+}
+
 // --export-weights files that would replace -o's output or each other are refused before any
 // work: the run would end with one of them silently lost.
 void refuse_clashing_exports(const AnalyzeOptions& options, const std::vector<const Architecture*>& archs,
@@ -274,6 +302,7 @@ int run_checkpoint(const AnalyzeOptions& options) {
     throw InputError("--checkpoint '' names no directory; give --checkpoint DIR");
   const std::string format = resolve_output_format(options.format, options.output_flag, options.output,
                                                    {"json", "csv", "table", "markdown"}, "table");
+  refuse_output_onto_inputs(options, "");
   CheckpointCommand command;
   command.directory = options.checkpoint;
   command.tokens = options.tokens;
@@ -301,6 +330,7 @@ int run_analyze(const AnalyzeOptions& options) {
                                                    {"json", "csv", "table", "markdown"}, "table");
   std::optional<ConfigOption> config_file;
   if (!options.config.empty()) config_file = read_config_option(options.config, *options.app);
+  refuse_output_onto_inputs(options, config_file ? config_file->origin : "");
   std::string arch_list = options.arch;
   ModelConfig model = resolve_model(options.model, [&](ModelConfig& resolved) {
     if (config_file) apply_config_option(*config_file, *options.app, resolved, arch_list);

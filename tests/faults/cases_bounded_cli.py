@@ -209,6 +209,19 @@ CASES += [
          message=r"--export-weights none/w\.safetensors is not writable"),
 ]
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLACEMENT = open(os.path.join(ROOT, "data", "placements", "builtins", "pre-ln.toml")).read().replace(
+    'id = "pre-ln"', 'id = "my-pre-ln"')
+GPT2 = open(os.path.join(ROOT, "data", "configs", "gpt2.json")).read()
+CASES += [
+    Case("-o onto the --config file", ["analyze", "--config", "c.json", *TINY, "-o", "c.json"],
+         files={"c.json": GPT2}, message=r"-o c\.json is --config c\.json, a file this run reads"),
+    Case("-o onto the placement file", ["analyze", "--arch", "./p.toml", *TINY, "-o", "p.toml"],
+         files={"p.toml": PLACEMENT}, message=r"-o p\.toml is --arch \./p\.toml, a file this run reads"),
+    Case("-o onto one of two placement files", ["analyze", "--arch", "keel,p.toml", *TINY, "-o", "./p.toml"],
+         files={"p.toml": PLACEMENT}, message=r"is --arch p\.toml, a file this run reads"),
+]
+
 # ---- messages: one line, the option as given -----------------------------------------------------
 CASES += [
     Case("-o with a newline in its name", ["analyze", *TINY, "-o", "a\nb/x.json"], message=r"-o a\\nb/x\.json"),
