@@ -136,6 +136,8 @@ def test_every_input_error_of_the_fault_tables_raises_input_error_with_the_cli_m
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "wb" if isinstance(content, bytes) else "w") as file:
                     file.write(content)
+            if case.setup is not None:  # FIFOs, sparse files, held locks (fault_table.Case.setup)
+                case.setup(directory)
             args = [str(a).replace("{dir}", directory) for a in case.args]
             expected = cli(*args, cwd=directory).stderr.decode(errors="replace").strip()
             call = as_keywords(args)
