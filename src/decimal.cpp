@@ -56,7 +56,8 @@ DecimalReading whole(std::string_view text, bool is_unsigned) {
   const bool zero = value == "0";
   if (is_unsigned) {
     if (negative && !zero) return {"", "must be >= 0"};
-    if (!at_most(value, "18446744073709551615")) return {"", "is larger than 18446744073709551615, the most it takes"};
+    if (!at_most(value, "18446744073709551615"))
+      return {"", "is larger than 18446744073709551615, the most it takes"};
     return {std::string(value), ""};
   }
   if (negative && !zero) {
@@ -113,9 +114,12 @@ DecimalReading real(std::string_view text) {
 DecimalReading read_decimal(std::string_view text, NumberKind kind) {
   if (text.empty()) return {"", "is empty"};
   switch (kind) {
-    case NumberKind::whole: return whole(text, false);
-    case NumberKind::unsigned_whole: return whole(text, true);
-    case NumberKind::real: return real(text);
+    case NumberKind::whole:
+      return whole(text, false);
+    case NumberKind::unsigned_whole:
+      return whole(text, true);
+    case NumberKind::real:
+      return real(text);
   }
   return {"", "has an unknown kind"};
 }

@@ -299,7 +299,8 @@ SizesUsed sizes_used(const PlacementDefinition& def, const Expr& e, std::map<std
   return used;
 }
 
-std::string inferred_unit(const PlacementDefinition& def, const Expr& e, std::map<std::string, SizesUsed>& known) {
+std::string inferred_unit(const PlacementDefinition& def, const Expr& e,
+                          std::map<std::string, SizesUsed>& known) {
   const SizesUsed used = sizes_used(def, e, known);
   if (used.blocks && used.sublayers) return "blocks and sublayers";
   return used.blocks ? "blocks" : (used.sublayers ? "sublayers" : "-");

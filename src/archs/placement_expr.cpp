@@ -81,10 +81,11 @@ class Parser {
    public:
     explicit Nested(Parser& parser) : parser_(parser) {
       if (++parser_.nesting_ > kMaxNesting)
-        parser_.fail(fmt::format("more than {} levels of nesting (parentheses, unary '-' or 'not', '^', "
-                                 "calls); write it with fewer levels, or name parts of it as constants "
-                                 "or bindings",
-                                 kMaxNesting));
+        parser_.fail(
+            fmt::format("more than {} levels of nesting (parentheses, unary '-' or 'not', '^', "
+                        "calls); write it with fewer levels, or name parts of it as constants "
+                        "or bindings",
+                        kMaxNesting));
     }
     ~Nested() { --parser_.nesting_; }
     Nested(const Nested&) = delete;
@@ -294,9 +295,10 @@ std::vector<Statement> parse_rule(std::string_view text, const Origin* origin) {
 }
 
 std::string depth_message() {
-  return fmt::format("more than {} operations deep (a sum of over {} terms, or constants or bindings that "
-                     "use each other that deeply); shorten it",
-                     kMaxDepth, kMaxDepth);
+  return fmt::format(
+      "more than {} operations deep (a sum of over {} terms, or constants or bindings that "
+      "use each other that deeply); shorten it",
+      kMaxDepth, kMaxDepth);
 }
 
 bool is_function(std::string_view name) {

@@ -11,8 +11,10 @@ namespace gradflow::placement {
 
 // Limits that keep a hostile or generated file from exhausting the stack or the time
 // (docs/placement-files.md, "Limits"); real placements stay far below them.
-inline constexpr int kMaxNesting = 200;  // parentheses, unary '-' and 'not', '^', calls: the parser's recursion
-inline constexpr int kMaxDepth = 1000;   // operations from a value down to a leaf, constants and bindings included
+inline constexpr int kMaxNesting =
+    200;  // parentheses, unary '-' and 'not', '^', calls: the parser's recursion
+inline constexpr int kMaxDepth =
+    1000;  // operations from a value down to a leaf, constants and bindings included
 inline constexpr int kMaxTerms = 10000;  // numbers, names, operators and calls in one string
 
 // Where a string of the file starts, to turn an offset inside it into file:line:column.
@@ -41,7 +43,7 @@ struct Expr {
   std::string text;  // the name, the function, or the operator: + - * / ^ == != < <= > >=
   std::vector<Expr> args;
   const Origin* origin = nullptr;
-  int offset = 0;             // where it starts in its string
+  int offset = 0;  // where it starts in its string
   // Levels from here down to a leaf: the parser counts its own string, the checker adds the
   // constants and bindings that names stand for. Every recursive pass goes at most this deep.
   int depth = 1;

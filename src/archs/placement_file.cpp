@@ -2,11 +2,10 @@
 // keys of docs/placement-files.md, and the Architecture built from the checked definition.
 #include "gradflow/placement_file.hpp"
 
-#include <fmt/format.h>
-#include <toml++/toml.h>
-
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
+#include <toml++/toml.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -213,7 +212,8 @@ void FileReader::read_aliases(const toml::node& node) {
     const toml::node& item = *node.as_array()->get(i);
     check_placement_name(item, def_.aliases[i], "alias");
     if (!seen.insert(def_.aliases[i]).second)
-      fail(item.source(), fmt::format("alias \"{}\" repeats the id or another alias; remove it", def_.aliases[i]));
+      fail(item.source(),
+           fmt::format("alias \"{}\" repeats the id or another alias; remove it", def_.aliases[i]));
   }
 }
 
@@ -225,7 +225,8 @@ void FileReader::check_stream_names(const toml::node& node) {
     const std::string& name = def_.streams[i];
     const toml::source_region& at = node.as_array()->get(i)->source();
     if (i == kMaxStreams)
-      fail(at, fmt::format("more than {} streams; a placement has a few (hyper-connections: 4)", kMaxStreams));
+      fail(at,
+           fmt::format("more than {} streams; a placement has a few (hyper-connections: 4)", kMaxStreams));
     const bool size = name == "S" || name == "B" || name == "l" || name == "b" || name == "d" ||
                       name == "T" || name == "heads";
     const bool identifier =
@@ -480,9 +481,10 @@ std::string what_it_is(mode_t mode) {
 
 void refuse_if_too_large(const std::string& path, std::size_t size) {
   if (size > kMaxFileBytes)
-    throw InputError(fmt::format("{}: {} bytes, more than the {} bytes (1 MiB) a placement file may have; "
-                                 "check the path (a placement file is a few kilobytes)",
-                                 path, size, kMaxFileBytes));
+    throw InputError(
+        fmt::format("{}: {} bytes, more than the {} bytes (1 MiB) a placement file may have; "
+                    "check the path (a placement file is a few kilobytes)",
+                    path, size, kMaxFileBytes));
 }
 
 // Closes the descriptor on every path out.
@@ -537,7 +539,8 @@ int key_parts(std::string_view line, std::size_t& at) {
         at = i;
         return parts;
       }
-    } else if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != ' ' && c != '\t') {
+    } else if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != ' ' &&
+               c != '\t') {
       break;  // '=' or ']' ends the key; anything else means this line is no key
     }
   }
@@ -550,9 +553,10 @@ void check_key_parts(const PlacementDefinition& def) {
     const std::size_t end = std::min(def.text.find('\n', start), def.text.size());
     std::size_t at = 0;
     if (key_parts(std::string_view(def.text).substr(start, end - start), at) > kMaxKeyParts)
-      throw InputError(fmt::format("{}:{}:{}: a key of more than {} dotted parts; a placement file's keys have "
-                                   "one or two (options.KEY)",
-                                   def.path, line, at + 1, kMaxKeyParts));
+      throw InputError(
+          fmt::format("{}:{}:{}: a key of more than {} dotted parts; a placement file's keys have "
+                      "one or two (options.KEY)",
+                      def.path, line, at + 1, kMaxKeyParts));
     start = end + 1;
   }
 }

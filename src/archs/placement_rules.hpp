@@ -64,7 +64,7 @@ struct PlacementDefinition {
   std::vector<Requirement> requirements;
   Expr output;
   bool unit_norm_weights = false;
-  bool additive = false;       // inferred by check_definition
+  bool additive = false;  // inferred by check_definition
   // Each constant's depth with the constants it uses written out (check_definition; kMaxDepth).
   std::map<std::string, int> constant_depths;
   std::deque<Origin> origins;  // stable storage for every Expr's origin

@@ -134,9 +134,10 @@ void add_unique(std::deque<Architecture>& table, Architecture arch) {
   const std::string why = error == std::errc::too_many_symbolic_link_levels
                               ? "a symbolic link loop (too many levels of symbolic links)"
                               : error.message();
-  throw InputError(fmt::format("{}: cannot list this placement directory ({}); fix it or remove it from "
-                               "GRADFLOW_PLACEMENTS",
-                               directory, why));
+  throw InputError(
+      fmt::format("{}: cannot list this placement directory ({}); fix it or remove it from "
+                  "GRADFLOW_PLACEMENTS",
+                  directory, why));
 }
 
 // The *.toml entries of one directory, in name order; a missing directory has none. Subdirectories

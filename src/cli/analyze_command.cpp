@@ -191,8 +191,8 @@ void refuse_clashing_exports(const AnalyzeOptions& options, const std::vector<co
       const std::string path = export_path(options.export_weights, arch->id, seed, several);
       if (!options.output.empty() && options.output != "-" && same_file(path, options.output)) {
         throw InputError(fmt::format(
-            "--export-weights {} would overwrite -o {}, the report; give the two different file names",
-            path, options.output));
+            "--export-weights {} would overwrite -o {}, the report; give the two different file names", path,
+            options.output));
       }
     }
   }

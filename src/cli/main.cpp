@@ -40,8 +40,8 @@ void start_blas_single_threaded(int, char** argv, char** envp) {
   environment[kept] = nullptr;
   ::execve("/proc/self/exe", argv, environment);
 }
-[[gnu::section(".preinit_array"), gnu::used]] void (*const kBlasBeforeConstructors)(int, char**, char**) =
-    start_blas_single_threaded;
+[[gnu::section(".preinit_array"),
+  gnu::used]] void (*const kBlasBeforeConstructors)(int, char**, char**) = start_blas_single_threaded;
 }  // namespace
 
 int main(int argc, char** argv) {

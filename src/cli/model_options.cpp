@@ -119,9 +119,10 @@ ModelConfig resolve_model(const ModelOptions& options, const std::function<void(
   if (adjust) adjust(model);
   validate(model);
   if (model.rope_theta == 0.0 && model.rope_fraction != 1.0) {  // it would be ignored: nothing rotates
-    throw InputError(fmt::format(
-        "--rope-fraction {} has no effect without rotary embeddings; add --rope-theta (e.g. 10000) or omit it",
-        model.rope_fraction));
+    throw InputError(
+        fmt::format("--rope-fraction {} has no effect without rotary embeddings; add --rope-theta (e.g. "
+                    "10000) or omit it",
+                    model.rope_fraction));
   }
   return model;
 }

@@ -36,9 +36,12 @@ std::string suggestion(const CLI::Option& option, NumberKind kind, const std::st
   const std::string fallback = option.get_default_str();
   if (!fallback.empty() && read_decimal(fallback, kind).problem.empty()) return fallback;
   switch (kind) {
-    case NumberKind::whole: return "64";
-    case NumberKind::unsigned_whole: return "0";
-    case NumberKind::real: return "0.5";
+    case NumberKind::whole:
+      return "64";
+    case NumberKind::unsigned_whole:
+      return "0";
+    case NumberKind::real:
+      return "0.5";
   }
   return "1";
 }
@@ -79,8 +82,9 @@ const CLI::Option* option_named(const CLI::App& app, const std::string& name) {
 }
 
 std::string empty_problem(const CLI::Option& option, const std::string& value) {
-  if (value.empty()) return fmt::format("{} is given an empty value; give one, or omit {} for its default",
-                                        option.get_name(), option.get_name());
+  if (value.empty())
+    return fmt::format("{} is given an empty value; give one, or omit {} for its default", option.get_name(),
+                       option.get_name());
   const char delimiter = option.get_delimiter();
   if (delimiter == '\0') return {};
   const std::string padded = std::string(1, delimiter) + value + std::string(1, delimiter);

@@ -117,8 +117,9 @@ CliOutcome run_cli_once(const std::string& program, const std::vector<std::strin
   read_numbers_in_decimal(app);
   if (const auto version = std::find(args.begin(), args.end(), "--version");
       version != args.end() && args.size() > 1) {
-    return failure(fmt::format("--version takes nothing else ({:?} given with it); run 'gradflow --version' alone",
-                               args.front() == "--version" ? args[1] : args.front()));
+    return failure(
+        fmt::format("--version takes nothing else ({:?} given with it); run 'gradflow --version' alone",
+                    args.front() == "--version" ? args[1] : args.front()));
   }
   if (const std::string message = unknown_subcommand(app, args); !message.empty())
     return {static_cast<int>(ExitCode::bad_input), message};

@@ -1,8 +1,8 @@
 // CLI helpers: all-or-nothing output files, the machine's free memory, the progress bar.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/resource.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -102,9 +102,8 @@ AtomicOutput::AtomicOutput(std::string path, std::string option)
   if (!kind.empty()) {
     // Replacing the link or device by a regular file (rename) would surprise; writing through it
     // would not be all-or-nothing. Shell redirection is the way to reach a device or a pipe.
-    throw InputError(fmt::format(
-        "{} is {}; gradflow writes regular files only{}", named(), kind,
-        option_ == "-o" ? " (omit -o and redirect stdout to reach it)" : ""));
+    throw InputError(fmt::format("{} is {}; gradflow writes regular files only{}", named(), kind,
+                                 option_ == "-o" ? " (omit -o and redirect stdout to reach it)" : ""));
   }
   std::random_device entropy;
   temporary_ = fmt::format("{}.tmp.{}.{:x}.{}", path_, ::getpid(), entropy(), host_tag());
@@ -148,9 +147,10 @@ void AtomicOutput::commit() {
     if (!file_ || std::rename(temporary_.c_str(), path_.c_str()) != 0) {
       // EFBIG: over the file-size limit (ulimit -f; SIGXFSZ is ignored so that it arrives here).
       const int error = errno;
-      throw InputError(fmt::format("could not write {} ({}); check the disk space, the file-size limit "
-                                   "(ulimit -f) and permissions",
-                                   named(), error != 0 ? std::strerror(error) : "write error"));
+      throw InputError(
+          fmt::format("could not write {} ({}); check the disk space, the file-size limit "
+                      "(ulimit -f) and permissions",
+                      named(), error != 0 ? std::strerror(error) : "write error"));
     }
   }
   committed_ = true;
@@ -227,10 +227,10 @@ const char* file_kind(mode_t mode) {
 }
 
 InputError too_large(const std::string& path, std::uint64_t bytes) {
-  return InputError(fmt::format("{} is {:.2f} GB, more than the {:.2f} GB gradflow reads as one document; "
-                                "split the run that wrote it (fewer placements, seeds or cells per file)",
-                                path, static_cast<double>(bytes) / 1e9,
-                                static_cast<double>(kMaxDocumentBytes) / 1e9));
+  return InputError(
+      fmt::format("{} is {:.2f} GB, more than the {:.2f} GB gradflow reads as one document; "
+                  "split the run that wrote it (fewer placements, seeds or cells per file)",
+                  path, static_cast<double>(bytes) / 1e9, static_cast<double>(kMaxDocumentBytes) / 1e9));
 }
 
 // A descriptor closed on every path out.
@@ -263,7 +263,8 @@ bool open_regular_file(const std::string& path, OpenFile& file, std::uint64_t& s
 }
 
 // The rest of an open file, refused once it passes kMaxDocumentBytes (a file growing while read).
-std::optional<std::string> read_bounded(const OpenFile& file, std::uint64_t size_hint, const std::string& path) {
+std::optional<std::string> read_bounded(const OpenFile& file, std::uint64_t size_hint,
+                                        const std::string& path) {
   std::string text;
   text.reserve(static_cast<std::size_t>(size_hint));
   std::array<char, 1 << 16> buffer{};
@@ -316,9 +317,10 @@ std::optional<std::string> read_text_file(const std::string& path) {
 void check_json_nesting(const std::string& text, const std::string& origin) {
   const std::size_t at = first_excess_nesting(text, kMaxDocumentDepth);
   if (at == std::string_view::npos) return;
-  throw InputError(fmt::format("{}: JSON nested deeper than {} levels (at byte {}); gradflow's own documents "
-                               "nest about 10, so this is not one of them",
-                               origin, kMaxDocumentDepth, at));
+  throw InputError(
+      fmt::format("{}: JSON nested deeper than {} levels (at byte {}); gradflow's own documents "
+                  "nest about 10, so this is not one of them",
+                  origin, kMaxDocumentDepth, at));
 }
 
 nlohmann::ordered_json read_json_file(const std::string& path) {

@@ -383,13 +383,15 @@ int run_sweep(const SweepOptions& options) {
   largest.blocks = *std::max_element(grid.depths.begin(), grid.depths.end());
   largest.width = *std::max_element(grid.widths.begin(), grid.widths.end());
   if (options.jobs > kMaxJobs) {
-    throw InputError(fmt::format("--jobs {} must lie in [1, {}]; each job runs one cell on one core and this "
-                                 "machine has {}; try --jobs {}",
-                                 options.jobs, kMaxJobs, std::max(1u, std::thread::hardware_concurrency()),
-                                 std::max(1u, std::thread::hardware_concurrency())));
+    throw InputError(
+        fmt::format("--jobs {} must lie in [1, {}]; each job runs one cell on one core and this "
+                    "machine has {}; try --jobs {}",
+                    options.jobs, kMaxJobs, std::max(1u, std::thread::hardware_concurrency()),
+                    std::max(1u, std::thread::hardware_concurrency())));
   }
   // No more cells run at once than this shard has: --jobs 64 for 3 cells needs the memory of 3.
-  const auto shard_size = static_cast<long long>(shard_cells(sweep_cells(grid), shard_index, shard_count).size());
+  const auto shard_size =
+      static_cast<long long>(shard_cells(sweep_cells(grid), shard_index, shard_count).size());
   const int concurrent = static_cast<int>(std::clamp<long long>(shard_size, 1, options.jobs));
   check_memory(largest, archs, concurrent, concurrent == 1 ? 2 : concurrent, concurrent);
 

@@ -19,7 +19,8 @@ TEST_CASE("whole numbers: leading zeros are decimal, other bases and notations a
   CHECK(canonical("000", NumberKind::whole) == "0");
   CHECK(canonical("-007", NumberKind::whole) == "-7");
   CHECK(canonical("+5", NumberKind::whole) == "5");
-  CHECK(canonical("0x10", NumberKind::whole) == "refused: must be written in decimal digits (no 0x, 0o or 0b prefix)");
+  CHECK(canonical("0x10", NumberKind::whole) ==
+        "refused: must be written in decimal digits (no 0x, 0o or 0b prefix)");
   CHECK(canonical("1e3", NumberKind::whole) == "refused: must be written in digits");
   CHECK(canonical("64.0", NumberKind::whole) == "refused: must be written in digits");
   CHECK(canonical("2.5", NumberKind::whole) == "refused: must be a whole number");
@@ -29,9 +30,11 @@ TEST_CASE("whole numbers: leading zeros are decimal, other bases and notations a
 
 TEST_CASE("whole numbers: the type's range, never clamped") {
   CHECK(canonical("2147483647", NumberKind::whole) == "2147483647");
-  CHECK(canonical("2147483648", NumberKind::whole) == "refused: is larger than 2147483647, the most it takes");
+  CHECK(canonical("2147483648", NumberKind::whole) ==
+        "refused: is larger than 2147483647, the most it takes");
   CHECK(canonical("-2147483648", NumberKind::whole) == "-2147483648");
-  CHECK(canonical("-2147483649", NumberKind::whole) == "refused: is smaller than -2147483648, the least it takes");
+  CHECK(canonical("-2147483649", NumberKind::whole) ==
+        "refused: is smaller than -2147483648, the least it takes");
   CHECK(canonical("00000000000000000000000000012", NumberKind::whole) == "12");
   CHECK(canonical("18446744073709551615", NumberKind::unsigned_whole) == "18446744073709551615");
   CHECK(canonical("18446744073709551616", NumberKind::unsigned_whole) ==
