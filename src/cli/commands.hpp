@@ -208,7 +208,8 @@ void check_json_file_bounds(const std::string& path);
 bool path_exists(const std::string& path);
 // Writes `text` to `path` whole or not at all (AtomicOutput; `option` as there).
 void write_file_atomically(const std::string& path, const std::string& text, const std::string& option = "");
-// True when the two paths name one file, existing or not (after resolving links and "..").
+// True when the two paths name one file: by identity when both exist (hard links included),
+// else by the resolved path (links and ".." followed), for an output not written yet.
 bool same_file(const std::string& a, const std::string& b);
 
 // What limits this process's memory: the machine (MemAvailable), the cgroup (memory.max minus

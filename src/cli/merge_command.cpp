@@ -94,8 +94,7 @@ void refuse_output_onto_inputs(const MergeOptions& options, const std::vector<Sw
   std::error_code error;
   if (!std::filesystem::exists(options.output, error)) return;  // a new file cannot be an input
   const auto refuse_if_same = [&](const std::filesystem::path& input) {
-    std::error_code same_error;
-    if (std::filesystem::equivalent(options.output, input, same_error)) {
+    if (same_file(options.output, input.string())) {
       throw InputError(
           fmt::format("-o {} is {}, one of the files merge reads; write the merged document "
                       "elsewhere (e.g. -o {})",

@@ -346,6 +346,10 @@ void check_json_file_bounds(const std::string& path) {
 
 bool same_file(const std::string& a, const std::string& b) {
   std::error_code error;
+  // Both present: by identity (device and inode), so a hard link is the same file too.
+  if (std::filesystem::exists(a, error) && std::filesystem::exists(b, error))
+    return std::filesystem::equivalent(a, b, error) && !error;
+  // One not there yet (an output about to be written): by its resolved path.
   const auto resolved_a = std::filesystem::weakly_canonical(std::filesystem::absolute(a), error);
   if (error) return a == b;
   const auto resolved_b = std::filesystem::weakly_canonical(std::filesystem::absolute(b), error);
