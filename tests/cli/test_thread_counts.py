@@ -1,0 +1,177 @@
+#!/usr/bin/python3
+"""Issue 29: `gradflow analyze` gives bit-identical figures for --threads 1, 2, 3, 4, 7 and 16.
+
+Each case runs the binary once per thread count with --no-timing (which leaves the wall times and
+the thread count out) and compares the JSON documents, parsed, with the threads-1 document. Only
+the "tool" block (the binary's name, version, commit, compiler, kernels) is removed before the
+comparison; every figure is kept. gradflow writes doubles at round-trip precision (docs/output.md),
+so equal text means equal doubles; the comparison is stricter still: two numbers are equal only when
+they have the same JSON type and the same 64 bits (0.0 and -0.0 differ). A mismatch names the first
+differing path, e.g. $.runs[23](mhc).seeds[0].states.log10_grad[5], with both values.
+
+Where the threads go (src/runner.cpp): several placements run side by side, one thread each; a
+run alone splits each op over threads. So --arch all covers the side-by-side loop, keel at depth
+256 (the default width, heads and sequence) a long lone run, and every placement alone at the small
+config (there is no option making --arch all's runs go one at a time) the split of each placement's
+ops, multi-stream ones (hc, mhc, siamese-norm, ...) included.
+
+Usage: test_thread_counts.py GRADFLOW_BINARY
+"""
+import json
+import os
+import shlex
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+from cli_testing import finish, test
+
+BINARY = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/gradflow")
+THREAD_COUNTS = [1, 2, 3, 4, 7, 16]
+SMALL = ["--depth", "8", "--width", "64", "--heads", "4", "--seq", "16"]  # every placement accepts it
+UPDATE = ["--update", "adam"]  # --update has no default optimizer; adam's step is sgd's and more
+RUN_TIMEOUT = 300  # seconds per run: a deadlocked thread pool fails naming its command, not ctest's timeout
+
+
+def command_line(args, threads, path):
+    return [BINARY, "analyze", *args, "--threads", str(threads), "--no-timing", "-q", "--format", "json",
+            "-o", path]
+
+
+def analyze(args, threads, path):
+    """The document of one run, without its "tool" block (what binary wrote it, not a figure)."""
+    command = command_line(args, threads, path)
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{shlex.join(command)} ran for over {RUN_TIMEOUT} s") from None
+    if proc.returncode != 0:
+        raise AssertionError(f"{shlex.join(command)} exited {proc.returncode}: {proc.stderr.strip()}")
+    with open(path) as file:
+        doc = json.load(file)
+    doc.pop("tool", None)
+    return doc
+
+
+def show(value):
+    if isinstance(value, float):
+        return f"{value!r} ({value.hex()})"
+    text = json.dumps(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def first_difference(a, b, path="$"):
+    """The first place where the parsed documents a and b differ, as (path, a's value, b's value), or
+    None. A list item holding an "arch" is labelled with it. Numbers must agree in JSON type (int, float)
+    and, for floats, bit for bit."""
+    if type(a) is not type(b):
+        return path, a, b
+    if isinstance(a, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            if key not in a or key not in b:
+                return f"{path}.{key}", a.get(key, "(absent)"), b.get(key, "(absent)")
+            found = first_difference(a[key], b[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(a, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            label = f"{path}[{i}]" + (f"({x['arch']})" if isinstance(x, dict) and "arch" in x else "")
+            found = first_difference(x, y, label)
+            if found:
+                return found
+        return None if len(a) == len(b) else (f"{path} (length)", len(a), len(b))
+    if isinstance(a, float):
+        return None if struct.pack("<d", a) == struct.pack("<d", b) else (path, a, b)
+    return None if a == b else (path, a, b)
+
+
+def assert_same_for_every_thread_count(args, directory, check=None):
+    """Runs args at each thread count; the first document differing from the threads-1 one fails."""
+    reference = None
+    for threads in THREAD_COUNTS:
+        path = os.path.join(directory, f"threads-{threads}.json")
+        doc = analyze(args, threads, path)
+        if reference is None:
+            if check:
+                check(doc)
+            reference = doc
+            continue
+        found = first_difference(reference, doc)
+        if found:
+            where, a, b = found
+            raise AssertionError(
+                f"--threads {THREAD_COUNTS[0]} and --threads {threads} differ at {where}:\n"
+                f"       threads {THREAD_COUNTS[0]}: {show(a)}\n       threads {threads}: {show(b)}\n"
+                f"       {shlex.join(command_line(args, threads, 'FILE'))}")
+
+
+def has_figures(args, runs=None):
+    """Guards against a vacuous comparison: the document holds runs (as many as asked) with seeds,
+    and the update figures when --update is given."""
+    def check(doc):
+        assert doc.get("runs"), f"no runs in the document of {shlex.join(args)}"
+        if runs is not None:
+            assert len(doc["runs"]) == runs, f"{len(doc['runs'])} runs, {runs} placements listed"
+        for run in doc["runs"]:
+            states = run["seeds"][0]["states"]
+            assert "log10_grad" in states, f"{run['arch']}: no log10_grad"
+            if "--update" in args:
+                assert "update_rms_1" in states, f"{run['arch']}: no update figures with --update"
+    return check
+
+
+def placements():
+    proc = subprocess.run([BINARY, "archs", "--format", "json"], capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)["architectures"]
+
+
+def case(label, function):
+    function.__name__ = f"{label} [threads {','.join(map(str, THREAD_COUNTS))}]"
+    test(function)
+
+
+ARCHS = placements()
+VARIANTS = [(precision, update) for update in ([], UPDATE) for precision in ("f32", "f64")]
+
+
+def all_placements_together(extra):
+    args = ["--arch", "all", *SMALL, *extra]
+
+    def run():
+        with tempfile.TemporaryDirectory() as directory:
+            assert_same_for_every_thread_count(args, directory, has_figures(args, runs=len(ARCHS)))
+    case(shlex.join(args), run)
+
+
+def every_placement_alone(extra):
+    assert any(len(arch["streams"]) > 1 for arch in ARCHS), "no multi-stream placement listed"
+
+    def run():
+        for arch in ARCHS:
+            args = ["--arch", arch["id"], *SMALL, *extra]
+            with tempfile.TemporaryDirectory() as directory:
+                assert_same_for_every_thread_count(args, directory, has_figures(args, runs=1))
+    case(f"each of the {len(ARCHS)} placements alone: --arch ID {shlex.join(SMALL + extra)}", run)
+
+
+def keel_at_depth_256(extra):
+    args = ["--arch", "keel", "--depth", "256", *extra]
+
+    def run():
+        with tempfile.TemporaryDirectory() as directory:
+            assert_same_for_every_thread_count(args, directory, has_figures(args, runs=1))
+    case(shlex.join(args), run)
+
+
+start = time.monotonic()
+for precision, update in VARIANTS:
+    all_placements_together(["--precision", precision, *update])
+for precision, update in VARIANTS:
+    every_placement_alone(["--precision", precision, *update])
+for precision, update in VARIANTS:
+    keel_at_depth_256(["--precision", precision, *update])
+print(f"{time.monotonic() - start:.1f} s in all")
+finish()
