@@ -6,7 +6,7 @@ Every piece has a library path that the same binary selects through GRADFLOW_KER
   products  gradflow's AVX-512 tiles (src/kernels/gemm.cpp)         vs Eigen's product on OpenBLAS's sgemm
   gram      the AVX-512 double Gram tile (gram_lower_f64)   vs Eigen's rank update on OpenBLAS's dsyrk
   radius    the AVX-512 Box-Muller radius (src/rng.cpp)     vs Eigen's vectorised log and sqrt
-  shards    ShardPair's second thread (src/kernels/shards.cpp)      vs an OpenMP region of two threads per op
+  pool      WorkPool's workers (src/kernels/work_pool.cpp)            vs an OpenMP parallel loop per op
             (run with OMP_WAIT_POLICY=passive: libgomp's default spinning was slower still here,
             5.6 s against 0.69 s at depth 64)
 The machine is shared and noisy, so the runs are interleaved: each round runs the hand-written
@@ -19,7 +19,7 @@ A fifth piece, gradflow's port of LAPACK's DSTERF (erank's eigenvalues), was mea
 2026-12-01 against LAPACK's dsterf: ratio 1.027 (9.66 s against 9.40 s, medians of 5 rounds on a
 machine loaded by two other builds), 1.12x per 64 x 64 call in isolation; it was removed.
 
-Usage: bench/kernels.py [--gradflow build/gradflow] [--rounds 7] [--pieces products,gram,radius,shards]
+Usage: bench/kernels.py [--gradflow build/gradflow] [--rounds 7] [--pieces products,gram,radius,pool]
 """
 import argparse
 import json
@@ -36,7 +36,7 @@ PIECES = {
     "products": "AVX-512 GEMM tiles vs Eigen/OpenBLAS sgemm",
     "gram": "AVX-512 double Gram tile (erank) vs OpenBLAS dsyrk",
     "radius": "SIMD Box-Muller radius vs Eigen log/sqrt",
-    "shards": "ShardPair vs OpenMP (2 threads)",
+    "pool": "WorkPool vs OpenMP loop",
 }
 
 
@@ -57,7 +57,7 @@ def run(binary, kernels):
     env.pop("GRADFLOW_KERNELS", None)
     if kernels:
         env["GRADFLOW_KERNELS"] = kernels
-    if kernels == "shards":
+    if kernels == "pool":
         env["OMP_WAIT_POLICY"] = "passive"
     start = time.perf_counter()
     proc = subprocess.run([binary, *RUN], capture_output=True, text=True, env=env)

@@ -50,7 +50,7 @@ void analyze(SeedAnalysis<Scalar>& analysis, const Mat<Scalar>* input) {
   for (const FigureFamily<Scalar>& family : figure_families<Scalar>()) {
     if (family.applies(analysis)) family.compute(analysis);
   }
-  analysis.run.release_shards();
+  analysis.run.release_pool();
   analysis.result.seconds = seconds_since(start);
 }
 
@@ -101,8 +101,12 @@ std::vector<NamedTensor> collect_tensors(const ModelConfig& config, const Archit
       append_tensor(tensors, prefix + "W_2", weights.w_2, {hidden, d});
     }
     // --bias: each projection's bias (zero at init), named after its matrix.
-    for (const auto& [name, bias] : {std::pair{"b_Q", &weights.b_q}, {"b_K", &weights.b_k}, {"b_V", &weights.b_v},
-                                     {"b_O", &weights.b_o}, {"b_1", &weights.b_1}, {"b_3", &weights.b_3},
+    for (const auto& [name, bias] : {std::pair{"b_Q", &weights.b_q},
+                                     {"b_K", &weights.b_k},
+                                     {"b_V", &weights.b_v},
+                                     {"b_O", &weights.b_o},
+                                     {"b_1", &weights.b_1},
+                                     {"b_3", &weights.b_3},
                                      {"b_2", &weights.b_2}}) {
       if (bias->size() > 0) append_bias(tensors, prefix + name, *bias);
     }

@@ -138,6 +138,21 @@ void GraphExecutor<Scalar>::recompute(const SublayerGraph& graph, const std::vec
 }
 
 template <typename Scalar>
+void GraphExecutor<Scalar>::keep_branch(const SublayerGraph& graph, BranchActivations<Scalar>& kept) {
+  swap_activations(attention_, kept.attention);
+  swap_activations(ffn_, kept.ffn);
+  kept.output = values_[graph.branch_id()];
+}
+
+template <typename Scalar>
+void GraphExecutor<Scalar>::restore_branch(BranchActivations<Scalar>& kept) {
+  swap_activations(attention_, kept.attention);
+  swap_activations(ffn_, kept.ffn);
+  restored_output_.swap(kept.output);
+  restored_branch_ = true;
+}
+
+template <typename Scalar>
 void GraphExecutor<Scalar>::output_norm_stats(const SublayerGraph& graph,
                                               std::vector<Mat<Scalar>>& stats) const {
   stats.resize(graph.outputs().size());
@@ -170,13 +185,19 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
   for (const Node& node : graph.nodes()) {
     Mat<Scalar>& out = values_[id];
     const Mat<Scalar>& a = values_[node.lhs];
+    if (node.op == NodeOp::branch && restored_branch_) {  // the op's activations are restored
+      out.swap(restored_output_);
+      restored_branch_ = false;
+      ++id;
+      continue;
+    }
     if (known && after_branch_[id]) {
       if (node.op == NodeOp::branch) {  // the hidden activations only: no output projection
         if (context.kind == SublayerKind::attn) {
           attention_forward(a, *context.weights, attention_options(graph, context), attention_, out,
-                            context.shards, false);
+                            context.pool, false);
         } else {
-          ffn_forward(a, *context.weights, ffn_options(graph, context), ffn_, out, context.shards, false);
+          ffn_forward(a, *context.weights, ffn_options(graph, context), ffn_, out, context.pool, false);
         }
       } else if (node.op == NodeOp::norm || node.op == NodeOp::unit) {  // an output: known
         const auto& outputs = graph.outputs();
@@ -210,9 +231,9 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
           rotation_forward(a, out);
         } else if (context.kind == SublayerKind::attn) {
           attention_forward(a, *context.weights, attention_options(graph, context), attention_, out,
-                            context.shards);
+                            context.pool);
         } else {
-          ffn_forward(a, *context.weights, ffn_options(graph, context), ffn_, out, context.shards);
+          ffn_forward(a, *context.weights, ffn_options(graph, context), ffn_, out, context.pool);
         }
         break;
     }
@@ -278,10 +299,10 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
           if (!to_weights) rotation_backward(d_out, d_a);
         } else if (context.kind == SublayerKind::attn) {
           attention_backward(values_[node.lhs], *context.weights, attention_options(graph, context),
-                             attention_, d_out, d_input, param_grads, context.shards, output_dots);
+                             attention_, d_out, d_input, param_grads, context.pool, output_dots);
         } else {
           ffn_backward(values_[node.lhs], *context.weights, ffn_options(graph, context), ffn_, d_out, d_input,
-                       param_grads, context.shards, output_dots);
+                       param_grads, context.pool, output_dots);
         }
         if (to_weights) return;
         break;
@@ -344,10 +365,10 @@ void GraphExecutor<Scalar>::weight_gradients(const SublayerGraph& graph, const B
   const Mat<Scalar>& input = values_[graph.nodes()[branch - graph.input_count()].lhs];
   if (context.kind == SublayerKind::attn) {
     attention_weight_gradients(input, attention_options(graph, context), attention_, cotangents_[branch],
-                               gradients, context.shards);
+                               gradients, context.pool);
   } else {
     ffn_weight_gradients(input, ffn_options(graph, context), ffn_, cotangents_[branch], gradients,
-                         context.shards);
+                         context.pool);
   }
 }
 

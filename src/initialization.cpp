@@ -35,7 +35,9 @@ template <typename Scalar>
 void zero_biases(const ModelConfig& config, SublayerKind kind, SublayerWeights<Scalar>& weights) {
   const Eigen::Index d = config.width, hidden = config.ffn_hidden(), kv_width = config.kv_width();
   const bool attn = kind == SublayerKind::attn, gated = config.ffn != FfnKind::gelu;
-  const auto size = [&](Vec<Scalar>& b, Eigen::Index n, bool used) { b.setZero(config.bias && used ? n : 0); };
+  const auto size = [&](Vec<Scalar>& b, Eigen::Index n, bool used) {
+    b.setZero(config.bias && used ? n : 0);
+  };
   size(weights.b_q, d, attn);
   size(weights.b_k, kv_width, attn);
   size(weights.b_v, kv_width, attn);
@@ -54,12 +56,7 @@ void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arc
   weights_ = &weights;
   unit_norm_ = arch.unit_norm_weights;
   kind_ = ctx.kind;
-  for (auto& chunks : chunks_) chunks.clear();  // keeps its capacity: no allocation once sizes are set
-  // split_row: the first row of shard 1 for a matrix split between the shards by rows (0 when shard
-  // 0 owns none, e.g. one head), or kColumnSplit for one split by columns.
-  constexpr Eigen::Index kColumnSplit = -1;
-  const auto add = [&](Mat<Scalar>& m, Eigen::Index rows, Eigen::Index cols, WeightMatrix which,
-                       Eigen::Index split_row) {
+  const auto add = [&](Mat<Scalar>& m, Eigen::Index rows, Eigen::Index cols, WeightMatrix which) {
     m.resize(rows, cols);
     const double gain = arch.init_gain ? arch.init_gain(ctx, which) : 1.0;
     const double stddev = base_stddev(config, which, rows, cols) * gain;
@@ -67,42 +64,30 @@ void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arc
     matrices_[matrix_count_++] = {
         m.data(), stream_key(seed, RandomUse::weight, ctx.sublayer, static_cast<std::uint64_t>(which)),
         static_cast<Scalar>(stddev), size, total_chunks_};
-    const int count = static_cast<int>((size + kNormalChunk - 1) / kNormalChunk);
-    for (int c = 0; c < count; ++c) {
-      const auto first_row = static_cast<Eigen::Index>(c * kNormalChunk / cols);
-      const int thread =
-          split_row != kColumnSplit ? (first_row >= split_row ? 1 : 0) : (2 * c >= count ? 1 : 0);
-      chunks_[thread].push_back(total_chunks_ + c);
-    }
-    total_chunks_ += count;
+    total_chunks_ += static_cast<int>((size + kNormalChunk - 1) / kNormalChunk);
   };
   const Eigen::Index d = config.width, hidden = config.ffn_hidden(), kv_width = config.kv_width();
   if (ctx.kind == SublayerKind::attn) {
-    add(weights.w_q, d, d, WeightMatrix::q, kColumnSplit);
-    add(weights.w_k, d, kv_width, WeightMatrix::k, kColumnSplit);
-    add(weights.w_v, d, kv_width, WeightMatrix::v, kColumnSplit);
-    add(weights.w_o, d, d, WeightMatrix::o,
-        shard_range(config.heads, 0).end * config.head_dim());  // by heads
+    add(weights.w_q, d, d, WeightMatrix::q);
+    add(weights.w_k, d, kv_width, WeightMatrix::k);
+    add(weights.w_v, d, kv_width, WeightMatrix::v);
+    add(weights.w_o, d, d, WeightMatrix::o);
   } else {
-    add(weights.w_1, d, hidden, WeightMatrix::up, kColumnSplit);
+    add(weights.w_1, d, hidden, WeightMatrix::up);
     // W_3 is drawn like W_1 (its own stream), as HF's _init_weights draws every nn.Linear alike.
-    if (config.ffn != FfnKind::gelu) add(weights.w_3, d, hidden, WeightMatrix::gate, kColumnSplit);
-    add(weights.w_2, hidden, d, WeightMatrix::down, shard_range(hidden, 0, kShardGranule).end);
+    if (config.ffn != FfnKind::gelu) add(weights.w_3, d, hidden, WeightMatrix::gate);
+    add(weights.w_2, hidden, d, WeightMatrix::down);
   }
   zero_biases(config, ctx.kind, weights);
   done_.store(0, std::memory_order_relaxed);
-  next_[0].store(0, std::memory_order_release);
-  next_[1].store(0, std::memory_order_release);
+  next_.store(0, std::memory_order_release);
 }
 
 template <typename Scalar>
-bool WeightDraw<Scalar>::draw(int thread) {
-  const auto& chunks = chunks_[thread];
-  const auto size = static_cast<int>(chunks.size());
-  if (next_[thread].load(std::memory_order_relaxed) >= size) return false;
-  const int index = next_[thread].fetch_add(1, std::memory_order_acquire);
-  if (index >= size) return false;
-  const int chunk = chunks[index];
+bool WeightDraw<Scalar>::step() {
+  if (next_.load(std::memory_order_relaxed) >= total_chunks_) return false;
+  const int chunk = next_.fetch_add(1, std::memory_order_acquire);
+  if (chunk >= total_chunks_) return false;
   int m = 0;
   while (m + 1 < matrix_count_ && matrices_[m + 1].first_chunk <= chunk) ++m;
   const Matrix& matrix = matrices_[m];
@@ -114,13 +99,8 @@ bool WeightDraw<Scalar>::draw(int thread) {
 }
 
 template <typename Scalar>
-bool WeightDraw<Scalar>::step(int thread) {
-  return draw(thread) || draw(1 - thread);
-}
-
-template <typename Scalar>
 void WeightDraw<Scalar>::finish() {
-  while (step(0)) {
+  while (step()) {
   }
   while (done_.load(std::memory_order_acquire) < total_chunks_) _mm_pause();
   if (unit_norm_) normalize_along_width(kind_, *weights_);

@@ -29,6 +29,10 @@ void run_one(const RunRequest& request, std::size_t index, const ExecutionOption
 }
 }  // namespace
 
+int threads_per_run(int threads, int runs_at_once) {
+  return std::max(1, threads / std::max(1, runs_at_once));
+}
+
 void run_all(const std::vector<RunRequest>& runs, const RunnerOptions& options, const RunFinished& finished) {
   long long total_work = 0;
   for (const RunRequest& run : runs) total_work += analysis_work_units(*run.config);
@@ -45,10 +49,10 @@ void run_all(const std::vector<RunRequest>& runs, const RunnerOptions& options, 
     };
   };
   const int at_once = std::max(1, std::min(options.runs_at_once, static_cast<int>(runs.size())));
-  // Runs side by side are one thread each; a run alone splits each op over two threads when it may
-  // use two (the engine uses at most two). The thread counts go to the engine and to this loop's
+  // The threads are shared out between the runs side by side; each run splits its ops' pieces over
+  // its share (same numbers for any share). The thread counts go to the engine and to this loop's
   // clause, never to OpenMP's global state.
-  const ExecutionOptions execution{at_once == 1 ? std::clamp(options.threads_per_run, 1, 2) : 1};
+  const ExecutionOptions execution{threads_per_run(options.threads, at_once)};
   // An exception must not leave an OpenMP region (that is std::terminate): each is caught and the
   // first one rethrown after the loop.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(at_once) if (at_once > 1)

@@ -89,9 +89,9 @@ struct SeedResult {
   // --angles all: (S+1) x (S+1) mean-over-tokens angular distance / pi between states; else empty.
   std::vector<std::vector<double>> angles_matrix;
   std::optional<Divergence> diverged;
-  std::vector<UpdateStep> updates;      // --update: one per learning rate, in --lr order
+  std::vector<UpdateStep> updates;              // --update: one per learning rate, in --lr order
   std::optional<CheckpointFigures> checkpoint;  // --checkpoint runs only
-  double seconds = 0.0;                 // wall time of this seed, and of its phases:
+  double seconds = 0.0;                         // wall time of this seed, and of its phases:
   double forward_seconds = 0.0;         // the forward loop over sublayers (weights drawn, states stored)
   double representation_seconds = 0.0;  // token_cos, erank and angle from the stored states
   double backward_seconds = 0.0;        // the backward loop (recompute, VJPs, gains)
@@ -132,9 +132,9 @@ Constants resolve_constants(const Architecture& arch, const ModelConfig& config)
 
 // How one analysis runs; no option changes a number.
 struct ExecutionOptions {
-  // Threads inside the run: 2 splits every op of a model branch into two fixed shards on two
-  // cores (shards.hpp) and draws the next sublayer's weights on whichever core waits; 1 runs all
-  // on the calling thread (as inside a parallel loop over runs, whose cores are already busy).
+  // Threads inside the run: above 1, every op of a model branch runs its pieces (work_pool.hpp)
+  // on that many threads, which also draw the next sublayer's weights while they would wait; 1
+  // runs all on the calling thread (as inside a parallel loop over runs, whose cores are busy).
   int threads = 1;
 };
 

@@ -6,7 +6,7 @@
 // in increasing order, so their bits do not depend on how C is split into column blocks. Other
 // builds, double products and column-major operands go to Eigen's product (OpenBLAS when built with
 // it), whose bits can depend on the block width; results still do not depend on the thread count,
-// because an op's two shards are the same column blocks on one thread or two (shards.hpp).
+// because an op's pieces are the same column blocks on one thread or sixteen (work_pool.hpp).
 #pragma once
 #include <Eigen/Core>
 #include <type_traits>

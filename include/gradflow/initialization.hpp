@@ -8,7 +8,7 @@
 
 #include "gradflow/architecture.hpp"
 #include "gradflow/ops.hpp"
-#include "gradflow/shards.hpp"
+#include "gradflow/work_pool.hpp"
 
 namespace gradflow {
 
@@ -24,17 +24,13 @@ void generate_weights(const ModelConfig& config, const Architecture& arch, const
 // (IdleWork): every chunk's values are fixed by (seed, sublayer, matrix, index), so which thread
 // draws it changes nothing. plan() sizes the matrices; then any thread may step() while one
 // thread finish()es; plan() again only after finish() and after no other thread can step().
-// Each thread first draws the chunks its own shard reads (ShardPair's threads: 0 the caller, 1
-// the second core), so that they need not cross between the cores' caches: the rows of W_O and
-// W_2 split between the shards (by heads, by hidden units). W_Q, W_K, W_V and W_1 are split by
-// columns, so each of their chunks (whole rows) feeds both shards; they are shared out in halves.
 template <typename Scalar>
 class WeightDraw final : public IdleWork {
  public:
   void plan(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx,
             std::uint64_t seed, SublayerWeights<Scalar>& weights);
-  bool step(int thread) override;  // draws one unclaimed chunk, thread's own first; false when none is left
-  void finish();                   // draws what is left, then waits for the chunks other threads claimed
+  bool step() override;  // draws one unclaimed chunk; false when none is left
+  void finish();         // draws what is left, then waits for the chunks other threads claimed
 
  private:
   struct Matrix {
@@ -44,14 +40,12 @@ class WeightDraw final : public IdleWork {
     std::size_t size;
     int first_chunk;
   };
-  bool draw(int thread);  // one chunk of thread's list, false when that list is done
   SublayerWeights<Scalar>* weights_ = nullptr;
   bool unit_norm_ = false;  // Architecture::unit_norm_weights: finish() normalises along d
   SublayerKind kind_ = SublayerKind::attn;
   Matrix matrices_[4] = {};
   int matrix_count_ = 0, total_chunks_ = 0;
-  std::vector<int> chunks_[2];  // each thread's chunks, in drawing order
-  std::atomic<int> next_[2] = {0, 0}, done_{0};
+  std::atomic<int> next_{0}, done_{0};  // the next chunk to claim; chunks drawn
 };
 
 // nGPT's normalize_matrices() at init (NVIDIA/ngpt train.py L394-411): every vector along the

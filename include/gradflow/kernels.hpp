@@ -1,5 +1,6 @@
 // The speed layer's one switch: which implementation each of gradflow's hand-written kernels runs
-// on. Every op asks for "a product" or "a Gram matrix" (gemm.hpp), "two shards" (shards.hpp) or
+// on. Every op asks for "a product" or "a Gram matrix" (gemm.hpp), "these pieces on every core"
+// (work_pool.hpp) or
 // "normal draws" (rng.hpp); whether that runs on a hand-written piece or on the
 // library path is decided here, for all of them. The hand-written pieces are kept because each was
 // measured to pay (bench/kernels.py, whose table the issue-16 note reports); the library paths
@@ -20,15 +21,15 @@ struct KernelChoice {
   // The Box-Muller radius sqrt(-2 ln u) by the AVX-512 packet specialised to the draws' domain
   // (src/rng.cpp), or by Eigen's vectorised log and sqrt. Same bits either way (tested).
   bool radius_packet = true;
-  // An op's two shards on ShardPair's second thread (src/kernels/shards.cpp: an epoch/futex handshake,
-  // with the next sublayer's weights drawn while a thread would wait), or in an OpenMP parallel
-  // region of two threads per op (the weights then drawn when needed).
-  bool shard_pair = true;
+  // An op's pieces on WorkPool's own workers (src/kernels/work_pool.cpp: one compare-and-swap per
+  // piece, a futex between runs, the next sublayer's weights drawn while a thread would wait), or
+  // as an OpenMP parallel loop per op (the weights then drawn when needed).
+  bool work_pool = true;
 };
 
 // The choice every kernel reads. By default every hand-written piece that this build has;
 // GRADFLOW_KERNELS=library in the environment (bench/kernels.py) selects every library path
-// instead, or a comma-separated list of pieces does: products, gram, radius, shards. Read once, at first
+// instead, or a comma-separated list of pieces does: products, gram, radius, pool. Read once, at first
 // use.
 const KernelChoice& kernel_choice();
 
@@ -37,7 +38,7 @@ const KernelChoice& kernel_choice();
 KernelChoice parse_kernel_choice(std::string_view pieces);
 
 // Every matrix product on the thread that calls it: OpenBLAS set to one thread and its worker pool
-// joined. gradflow's two shards already use both cores, and a product that OpenBLAS split over its
+// joined. gradflow's work pool already uses every core, and a product that OpenBLAS split over its
 // own threads could round differently with the thread count. This changes process-wide OpenBLAS
 // state, so the library never calls it: the program does, once, at start-up (src/cli/main.cpp,
 // tests/main.test.cpp). Without GRADFLOW_OPENBLAS it does nothing.

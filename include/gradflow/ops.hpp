@@ -6,10 +6,11 @@
 // so several consumers of one value can accumulate into the same buffer.
 #pragma once
 #include <Eigen/Core>
+#include <algorithm>
 #include <vector>
 
 #include "gradflow/config.hpp"
-#include "gradflow/shards.hpp"
+#include "gradflow/work_pool.hpp"
 
 namespace gradflow {
 
@@ -97,36 +98,42 @@ void lower_gram(const Eigen::Ref<const Mat<Scalar>>& rows, Mat<Scalar>& gram);
 template <typename Scalar>
 double symmetric_inner(const Mat<Scalar>& a, const Mat<Scalar>& b);
 
-// The Grams that both shards of a backward read, the input x's (item 0) and each probe's d_out
-// (item 1 + k): formed once, item i by shard i % 2, instead of once by each shard. Call from
-// inside run_shards; they are complete for every shard once that run returns.
+// The Grams that several pieces of a backward read: item 0 the input x's, item 1 + k probe k's
+// d_out's. Each is one piece of the backward's first run (so they are formed once, in parallel),
+// and complete for every piece of the next run.
 template <typename Scalar>
-void shared_input_grams(int shard, const Mat<Scalar>& x, const Mat<Scalar>& d_out,
-                        std::vector<Mat<Scalar>>& grams);
+void shared_input_gram(int item, const Mat<Scalar>& x, const Mat<Scalar>& d_out,
+                       std::vector<Mat<Scalar>>& grams);
 
-// The ops below take an optional ShardPair and always split their work in the same two halves
-// (shards.hpp); shard boundaries over features fall on multiples of this many columns.
-inline constexpr long long kShardGranule = 16;
+// The ops below take an optional WorkPool (work_pool.hpp) and split their work into pieces fixed
+// by the shapes alone: attention heads, and blocks of this many hidden units or output columns
+// (the last block may be narrower). Per-piece partial sums are added in piece order.
+inline constexpr Eigen::Index kFeatureBlock = 128;
+struct FeatureBlock {
+  Eigen::Index begin, size;
+};
+inline int feature_blocks(Eigen::Index features) {
+  return static_cast<int>((features + kFeatureBlock - 1) / kFeatureBlock);
+}
+inline FeatureBlock feature_block(Eigen::Index features, int block) {
+  const Eigen::Index begin = block * kFeatureBlock;
+  return {begin, std::min(kFeatureBlock, features - begin)};
+}
 
-// Each shard's partial sums of one op (its share of the output or dx, of the parameter-gradient
-// squares and of <d_out, out>), combined in the fixed order shard 0 + shard 1.
-template <typename Scalar>
-struct ShardPartials {
-  Mat<Scalar> output[2];
-  std::vector<double> param_grads[2], output_dots[2];
-
-  // dx += output[0] + output[1]; the requested per-probe sums likewise.
-  void add_into(Mat<Scalar>& dx, Eigen::Index probes, std::vector<double>* param_grad_sums,
-                std::vector<double>* output_dot_sums) const {
-    dx += output[0];
-    dx += output[1];
-    const auto combine = [probes](const std::vector<double>(&parts)[2], std::vector<double>* sums) {
-      if (!sums) return;
-      sums->assign(probes, 0.0);
-      for (Eigen::Index k = 0; k < probes; ++k) (*sums)[k] = parts[0][k] + parts[1][k];
-    };
-    combine(param_grads, param_grad_sums);
-    combine(output_dots, output_dot_sums);
+// Each piece's per-probe partial sums of one op (parameter-gradient squares, <d_out, out>), added
+// in piece order: the same bits whichever thread ran which piece.
+struct PiecePartials {
+  std::vector<std::vector<double>> parts;  // [piece][probe]
+  void reset(int pieces, Eigen::Index probes) {
+    parts.resize(pieces);
+    for (auto& part : parts) part.assign(probes, 0.0);
+  }
+  // sums[k] = sum over pieces, in order, of parts[piece][k]; sums resized to the probe count.
+  void sum_into(std::vector<double>& sums) const {
+    const std::size_t probes = parts.empty() ? 0 : parts.front().size();
+    sums.assign(probes, 0.0);
+    for (const auto& part : parts)
+      for (std::size_t k = 0; k < probes; ++k) sums[k] += part[k];
   }
 };
 
@@ -166,18 +173,24 @@ struct AttentionCache {                  // what the forward saves for the backw
   Mat<Scalar> d_context, d_q, d_k, d_v, d_raw;  // (K*T, d) scratch
   Mat<Scalar> d_q_raw, d_k_raw, d_v_raw;        // (K*T, d) scratch of the normalised projections
   Mat<Scalar> d_k_shared, d_v_shared;           // (K*T, kv width) grouped-query sums over each group
-  Mat<Scalar> d_probs[2], d_scores[2];          // (T, T) scratch, one per shard
-  Mat<Scalar> grams[2][2];                      // each shard's (T, T) Gram scratch
-  std::vector<Mat<Scalar>> shared_grams;        // shared_input_grams: x's, then d_out's per probe
-  Vec<Scalar> row_dot[2];                       // each shard's softmax-backward row sums
-  ShardPartials<Scalar> partials;
+  Mat<Scalar> d_input;                          // (K*T, d) the input's cotangent, before dx +=
+  Mat<Scalar> d_probs, d_scores;                // (T, T) scratch of the JVP
+  std::vector<Mat<Scalar>> shared_grams;        // shared_input_gram: x's, then d_out's per probe
+  PiecePartials head_squares, projection_squares, output_dots;  // per-piece partial sums
 };
+// Swaps what attention_forward saves for the backward (q, k, v and their norm statistics and
+// unrotated copies, the rotary table, the softmax outputs, the context) between two caches, and
+// nothing else; the bytes those hold.
+template <typename Scalar>
+void swap_activations(AttentionCache<Scalar>& a, AttentionCache<Scalar>& b);
+template <typename Scalar>
+std::size_t activation_bytes(const AttentionCache<Scalar>& cache);
 // with_output = false stops before the output projection (out is left untouched): the backward
 // needs only the cached activations, and then output_dots gives <d_out_k, out> per probe.
 template <typename Scalar>
 void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                        const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out,
-                       ShardPair* shards = nullptr, bool with_output = true);
+                       WorkPool* pool = nullptr, bool with_output = true);
 // dx += the input's cotangent; dx = nullptr stops at the weights' cotangents (dQ, dK, dV and
 // d_out, for attention_weight_gradients) and skips dx's three products, as --update needs;
 // param_grads and output_dots must then be null.
@@ -186,7 +199,7 @@ template <typename Scalar>
 void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                         const AttentionOptions& options, AttentionCache<Scalar>& cache,
                         const Mat<Scalar>& d_out, Mat<Scalar>* dx, ParamGradSquares* param_grads = nullptr,
-                        ShardPair* shards = nullptr, std::vector<double>* output_dots = nullptr);
+                        WorkPool* pool = nullptr, std::vector<double>* output_dots = nullptr);
 
 // Jacobian-vector product (forward mode) after attention_forward: d_out = J d_x for P tangents
 // stacked as P blocks of T rows, (P*T, d). Used by --spectrum, which needs J as well as J^T.
@@ -196,13 +209,12 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
                    AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
                    const SublayerWeights<Scalar>* d_w = nullptr);
 // After attention_backward of one probe's d_out (T rows): dL/dW = X^T dY for each product
-// Y = X W (W_Q, W_K, W_V from x, W_O from the context), formed in full (--update). With shards,
-// W_Q and W_K on one, W_V and W_O on the other: each product is whole on one thread, so the bits
-// do not depend on the thread count.
+// Y = X W (W_Q, W_K, W_V from x, W_O from the context), formed in full (--update), each product
+// one piece.
 template <typename Scalar>
 void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& options,
                                 const AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                                SublayerWeights<Scalar>& gradients, ShardPair* shards = nullptr);
+                                SublayerWeights<Scalar>& gradients, WorkPool* pool = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Feed-forward: out = gelu(s x W_1) W_2 (Vaswani et al. 2017, Eq. 2), or gated (Shazeer 2020,
@@ -215,29 +227,33 @@ struct FfnOptions {
 };
 template <typename Scalar>
 struct FfnCache {
-  Mat<Scalar> hidden_pre;                            // (T, hidden) s x W_1
-  Mat<Scalar> hidden;                                // (T, hidden) gelu(s x W_1), or act(.) * gate
-  Mat<Scalar> gate_pre, activated;                   // gated only: (T, hidden) s x W_3 and act(s x W_1)
-  Mat<Scalar> gate_slope;                            // gated only: (T, hidden) act'(s x W_1) * gate
-  Mat<Scalar> d_gate_pre;                            // gated only: (K*T, hidden) scratch
-  Mat<Scalar> d_hidden, d_hidden_pre;                // (K*T, hidden) scratch
-  Mat<Scalar> hidden_grams[2];                       // each shard's (T, T) Gram of its hidden units
-  std::vector<Mat<Scalar>> pre_grams[2];             // each shard's d(x W_1) (+ d(x W_3)) Grams per probe
-  std::vector<Mat<Scalar>> shared_grams;             // shared_input_grams: x's, then d_out's per probe
-  Eigen::Array<Scalar, 1, Eigen::Dynamic> slope[2];  // each shard's row of GELU slopes
-  ShardPartials<Scalar> partials;
+  Mat<Scalar> hidden_pre;                 // (T, hidden) s x W_1
+  Mat<Scalar> hidden;                     // (T, hidden) gelu(s x W_1), or act(.) * gate
+  Mat<Scalar> gate_pre, activated;        // gated only: (T, hidden) s x W_3 and act(s x W_1)
+  Mat<Scalar> gate_slope;                 // gated only: (T, hidden) act'(s x W_1) * gate
+  Mat<Scalar> d_gate_pre;                 // gated only: (K*T, hidden) scratch
+  Mat<Scalar> d_hidden, d_hidden_pre;     // (K*T, hidden) scratch
+  Mat<Scalar> d_input;                    // (K*T, d) the input's cotangent, before dx +=
+  std::vector<Mat<Scalar>> shared_grams;  // shared_input_gram: x's, then d_out's per probe
+  PiecePartials squares, output_dots;     // per-piece partial sums
 };
+// Swaps what ffn_forward saves for the backward (the hidden pre-activations and activations, and
+// a gated FFN's gate and activated halves) between two caches; the bytes those hold.
+template <typename Scalar>
+void swap_activations(FfnCache<Scalar>& a, FfnCache<Scalar>& b);
+template <typename Scalar>
+std::size_t activation_bytes(const FfnCache<Scalar>& cache);
 // with_output and output_dots as for attention: <d_out_k, out> = <d_out_k W_2^T, gelu(s x W_1)>.
 template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
-                 FfnCache<Scalar>& cache, Mat<Scalar>& out, ShardPair* shards = nullptr,
+                 FfnCache<Scalar>& cache, Mat<Scalar>& out, WorkPool* pool = nullptr,
                  bool with_output = true);
 // dx += the input's cotangent; dx = nullptr stops at dL/d(x W_1) (and d(x W_3)), as for attention_backward.
 // param_grads, when given, receives each probe's squared norm of dL/d{W_1, W_2}.
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
                   FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>* dx,
-                  ParamGradSquares* param_grads = nullptr, ShardPair* shards = nullptr,
+                  ParamGradSquares* param_grads = nullptr, WorkPool* pool = nullptr,
                   std::vector<double>* output_dots = nullptr);
 
 // Forward mode after ffn_forward: d_out = J d_x, tangents (P*T, d); d_w as for attention_jvp.
@@ -246,12 +262,11 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
              FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
              const SublayerWeights<Scalar>* d_w = nullptr);
 // After ffn_backward of one probe's d_out: dL/dW_2 = H^T dY, dL/dW_1 = x^T dL/d(x W_1), and for a
-// gated FFN dL/dW_3 = x^T dL/d(x W_3) (empty otherwise); with shards, W_1 on one and W_2 (and W_3)
-// on the other, each product whole on one thread as for attention.
+// gated FFN dL/dW_3 = x^T dL/d(x W_3) (empty otherwise), each product one piece.
 template <typename Scalar>
 void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const FfnCache<Scalar>& cache,
                           const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients,
-                          ShardPair* shards = nullptr);
+                          WorkPool* pool = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // The idealised branch: a fixed 90-degree rotation within coordinate pairs (2i, 2i+1), so that

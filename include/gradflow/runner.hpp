@@ -23,9 +23,10 @@ struct RunRequest {
 };
 
 struct RunnerOptions {
-  int runs_at_once = 1;  // runs side by side, each on one thread
-  // Threads a run may use when runs go one at a time (the engine splits each op over at most two).
-  int threads_per_run = 1;
+  int runs_at_once = 1;  // runs side by side
+  // Threads in all: each of the runs at once gets threads / runs_at_once of them (at least one),
+  // over which its ops' pieces run (work_pool.hpp).
+  int threads = 1;
   // (work done, total work) over all runs, in analysis_work_units; serialised, from any thread.
   ProgressCallback progress;
 };
@@ -38,6 +39,10 @@ using RunFinished = std::function<void(std::size_t run, SeedResult&& result, dou
 // thread counts change a number. The first exception of a run (or of `finished`) is rethrown once
 // every run has ended. Changes no global OpenMP state.
 void run_all(const std::vector<RunRequest>& runs, const RunnerOptions& options, const RunFinished& finished);
+
+// The threads each of `runs_at_once` runs side by side gets out of `threads`: an even share, at
+// least one.
+int threads_per_run(int threads, int runs_at_once);
 
 // ---- analyze: every (placement, seed) run of one configuration
 // One ArchResult per placement, its configuration and constants resolved and one seed slot per seed.

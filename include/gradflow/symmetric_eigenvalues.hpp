@@ -9,7 +9,7 @@ namespace gradflow {
 // Eigenvalues, ascending, of the symmetric matrix whose lower triangle is `lower` (the strict upper
 // triangle is not read; `lower` is overwritten as workspace). Returns false, with the eigenvalues
 // unspecified, if the QL/QR iteration does not converge (LAPACK's info > 0; for example when the
-// matrix holds a NaN). Never throws, so it is safe on a shard's worker thread.
+// matrix holds a NaN). Never throws, so it is safe on a pool's worker thread.
 //
 // Drop-in replacement for
 //   Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(A, Eigen::EigenvaluesOnly).eigenvalues():

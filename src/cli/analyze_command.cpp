@@ -350,9 +350,9 @@ int run_analyze(const AnalyzeOptions& options) {
   }
   const int jobs = static_cast<int>(job_count);
   const int concurrent = std::min(threads, jobs);
-  // A single run splits each op over a second thread (the engine's ShardPair).
+  // Runs side by side share the threads out; each splits its ops' pieces over its share.
   const double memory_bytes =
-      check_memory(model, archs, concurrent, jobs == 1 ? std::min(threads, 2) : concurrent, job_count);
+      check_memory(model, archs, concurrent, concurrent * threads_per_run(threads, concurrent), job_count);
   if (config_file) print_config_notes(*config_file, options.verbose);
   warn_before_start(model, format, jobs, threads, memory_bytes);
   refuse_clashing_exports(options, archs, seed_list(options));
@@ -413,8 +413,8 @@ Command setup_analyze(CLI::App& app) {
   options->threads_flag =
       sub->add_option(
              "--threads", options->threads,
-             "Threads: several runs (placements x seeds) run side by side; a single run splits each op "
-             "over two of them. Results are identical for every count")
+             "Threads: runs (placements x seeds) go side by side, each splitting its ops over an even "
+             "share of the threads (a single run: all of them). Results are identical for every count")
           ->default_str("all cores");
   sub->add_option(
          "--format", options->format,

@@ -2,7 +2,6 @@
 // and shardable (i/n, for job arrays); the unsharded run also writes DIR/summary.json.
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <omp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,8 +36,15 @@ struct SweepOptions {
   std::string directory, shard = "0/1";
   const CLI::Option* shard_flag = nullptr;  // given: a shard, which shares DIR's lock with the others
   int jobs = 1;
+  int threads = 0;  // 0: every core
   bool verbose = false, quiet = false, plan = false;
 };
+
+// --threads, or every core.
+int sweep_threads(const SweepOptions& options) {
+  return options.threads > 0 ? options.threads
+                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 // A sweep killed by SIGKILL (which no handler sees) leaves its cells' temporary files,
 // NAME.tmp.PID.HEX.HOST; those of this machine's processes no longer running are removed when the
@@ -280,9 +286,9 @@ void compute_cells(std::vector<CellPlan>& pending, const SweepOptions& options) 
   for (const CellPlan& plan : pending)
     runs.push_back({&plan.run.config, plan.run.arch, &plan.run.constants, plan.cell.seed});
   std::mutex mutex;
-  // Cells are independent and each is deterministic, so --jobs changes no byte of any file. With
-  // one job the engine splits each op over two cores (same numbers).
-  const RunnerOptions runner{options.jobs, omp_get_max_threads(), [&](long long done, long long total) {
+  // Cells are independent and each is deterministic, so --jobs and --threads change no byte of any
+  // file: each of the J cells at once splits its ops over threads / J threads (same numbers).
+  const RunnerOptions runner{options.jobs, sweep_threads(options), [&](long long done, long long total) {
                                progress.update(done, total);
                                report_progress_to_hooks(done, total);
                              }};
@@ -393,7 +399,8 @@ int run_sweep(const SweepOptions& options) {
   const auto shard_size =
       static_cast<long long>(shard_cells(sweep_cells(grid), shard_index, shard_count).size());
   const int concurrent = static_cast<int>(std::clamp<long long>(shard_size, 1, options.jobs));
-  check_memory(largest, archs, concurrent, concurrent == 1 ? 2 : concurrent, concurrent);
+  check_memory(largest, archs, concurrent, concurrent * threads_per_run(sweep_threads(options), concurrent),
+               concurrent);
 
   const std::filesystem::path directory(options.directory), cells_directory = directory / "cells";
   checked_manifest(directory, grid, model);  // another model or grid: refused before anything is created
@@ -455,8 +462,14 @@ Command setup_sweep(CLI::App& app) {
       "Run shard i of n, i 0-based (0/3, 1/3, 2/3): the cells whose position in the global order "
       "(arch, depth, width, seed) is i mod n; no summary, use 'gradflow merge'");
   sub->add_option("--jobs", options->jobs,
-                  "Cells run in parallel (each single-threaded); files are identical for every J")
+                  "Cells run side by side, each splitting its ops over threads / J threads; files are "
+                  "identical for every J")
       ->check(CLI::PositiveNumber);
+  sub->add_option("--threads", options->threads,
+                  "Threads in all, shared out between the --jobs cells at once; files are identical for "
+                  "every count")
+      ->default_str("all cores")
+      ->check(CLI::Range(1, kMaxJobs));
   sub->add_flag("-v,--verbose", options->verbose,
                 "One line per cell: skipped (already complete) or computed, with its time");
   sub->add_flag("-q,--quiet", options->quiet, "No progress bar, no summary table");

@@ -28,15 +28,15 @@ KernelChoice parse_kernel_choice(std::string_view pieces) {
     const std::string_view piece = pieces.substr(0, comma);
     pieces = comma == std::string_view::npos ? std::string_view{} : pieces.substr(comma + 1);
     const bool all = piece == "library";
-    if (!all && piece != "products" && piece != "gram" && piece != "radius" && piece != "shards") {
+    if (!all && piece != "products" && piece != "gram" && piece != "radius" && piece != "pool") {
       throw InputError("GRADFLOW_KERNELS: unknown piece '" + std::string(piece) +
-                       "'; use library, or a comma-separated list of products, gram, radius and shards, "
+                       "'; use library, or a comma-separated list of products, gram, radius and pool, "
                        "or unset it");
     }
     if (all || piece == "products") choice.tiled_products = false;
     if (all || piece == "gram") choice.tiled_double_gram = false;
     if (all || piece == "radius") choice.radius_packet = false;
-    if (all || piece == "shards") choice.shard_pair = false;
+    if (all || piece == "pool") choice.work_pool = false;
   }
   return choice;
 }

@@ -98,69 +98,86 @@ void add_bias(const Vec<Scalar>& b, Eigen::Index begin, Block&& columns) {
 }
 }  // namespace
 
-// Shard s owns heads [begin, end): their columns of W_Q, W_K, W_V and rows of W_O (Megatron-LM's
-// split, arXiv 1909.08053 Sec. 3); with one head, shard 0 is empty.
-inline ShardRange head_range(int heads, int shard) {
-  return shard_range(heads, shard);
+// Scratch that a piece needs only while it runs, one per thread (so no piece waits for another's).
+template <typename Scalar>
+struct HeadScratch {
+  Mat<Scalar> d_probs, d_scores, gram;  // (T, T)
+  Vec<Scalar> row_dot;                  // the softmax backward's row sums
+};
+template <typename Scalar>
+HeadScratch<Scalar>& head_scratch() {
+  thread_local HeadScratch<Scalar> scratch;
+  return scratch;
 }
+
+// The projections x W_Q, x W_K, x W_V as pieces: blocks of kFeatureBlock output columns of each
+// (Megatron-LM's column split, arXiv 1909.08053 Sec. 3). Piece p of the three matrices' blocks.
+struct ProjectionPieces {
+  int q, k;  // blocks of W_Q, and of W_K (= of W_V)
+  ProjectionPieces(Eigen::Index width, Eigen::Index kv_width)
+      : q(feature_blocks(width)), k(feature_blocks(kv_width)) {}
+  int count() const { return q + 2 * k; }
+  // The matrix (0: Q, 1: K, 2: V) and the block within it of piece p.
+  std::pair<int, int> locate(int p) const {
+    if (p < q) return {0, p};
+    return p < q + k ? std::pair{1, p - q} : std::pair{2, p - q - k};
+  }
+};
 
 template <typename Scalar>
 void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                        const AttentionOptions& options, AttentionCache<Scalar>& cache, Mat<Scalar>& out,
-                       ShardPair* shards, bool with_output) {
+                       WorkPool* pool, bool with_output) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
   const int kv_heads = options.kv_head_count();
+  const Eigen::Index kv_width = kv_heads * head_dim;
   const Scalar scale = static_cast<Scalar>(options.score_scale);
   for (Mat<Scalar>* m : {&cache.q_raw, &cache.context}) m->resize(tokens, width);
-  for (Mat<Scalar>* m : {&cache.k_raw, &cache.v_raw}) m->resize(tokens, kv_heads * head_dim);
+  for (Mat<Scalar>* m : {&cache.k_raw, &cache.v_raw}) m->resize(tokens, kv_width);
   cache.probs.resize(options.heads);
-  // Phase 1: this shard's columns of the projections (its query heads, its key/value heads).
-  run_shards(shards, [&](int shard) {
-    const ShardRange heads = head_range(options.heads, shard), kv = head_range(kv_heads, shard);
-    const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
-    const Eigen::Index kv_begin = kv.begin * head_dim, kv_size = kv.size() * head_dim;
-    multiply(x, w.w_q.middleCols(begin, size), cache.q_raw.middleCols(begin, size));  // (T, d)
-    multiply(x, w.w_k.middleCols(kv_begin, kv_size), cache.k_raw.middleCols(kv_begin, kv_size));
-    multiply(x, w.w_v.middleCols(kv_begin, kv_size), cache.v_raw.middleCols(kv_begin, kv_size));
-    add_bias(w.b_q, begin, cache.q_raw.middleCols(begin, size));
-    add_bias(w.b_k, kv_begin, cache.k_raw.middleCols(kv_begin, kv_size));
-    add_bias(w.b_v, kv_begin, cache.v_raw.middleCols(kv_begin, kv_size));
+  // Run 1: the projections, a block of output columns per piece.
+  const ProjectionPieces projections(width, kv_width);
+  for_each_piece(pool, projections.count(), [&](int piece) {
+    const auto [m, block] = projections.locate(piece);
+    const Mat<Scalar>& weight = m == 0 ? w.w_q : m == 1 ? w.w_k : w.w_v;
+    const Vec<Scalar>& bias = m == 0 ? w.b_q : m == 1 ? w.b_k : w.b_v;
+    Mat<Scalar>& raw = m == 0 ? cache.q_raw : m == 1 ? cache.k_raw : cache.v_raw;
+    const FeatureBlock columns = feature_block(raw.cols(), block);
+    multiply(x, weight.middleCols(columns.begin, columns.size), raw.middleCols(columns.begin, columns.size));
+    add_bias(bias, columns.begin, raw.middleCols(columns.begin, columns.size));
   });
-  // q/k/v norms may span all heads (OLMo 2's full-width QK-norm): applied between the phases.
+  // q/k/v norms may span all heads (OLMo 2's full-width QK-norm): applied between the runs.
   normalize_projection(options, false, options.heads, cache.q_raw, cache.q, cache.q_inv);
   normalize_projection(options, false, kv_heads, cache.k_raw, cache.k, cache.k_inv);
   normalize_projection(options, true, kv_heads, cache.v_raw, cache.v, cache.v_inv);
   rotate_queries_and_keys(options, tokens, cache);
-  // Phase 2: this shard's heads, then its partial sum of the output projection.
-  run_shards(shards, [&](int shard) {
-    const ShardRange heads = head_range(options.heads, shard);
-    for (auto h = heads.begin; h < heads.end; ++h) {
-      Mat<Scalar>& probs = cache.probs[h];  // (T, T), zero above the diagonal (causal mask)
-      probs.resize(tokens, tokens);
-      const Eigen::Index kv_begin = kv_column(options, h, head_dim);
-      multiply_transposed(cache.q.middleCols(h * head_dim, head_dim), cache.k.middleCols(kv_begin, head_dim),
-                          probs);
-      for (Eigen::Index i = 0; i < tokens; ++i) {
-        auto row = probs.row(i);
-        auto visible = row.head(i + 1);
-        visible *= scale;
-        const Scalar max_score = visible.maxCoeff();
-        visible = (visible.array() - max_score).exp().matrix();
-        visible /= visible.sum();
-        row.tail(tokens - i - 1).setZero();
-      }
-      multiply(probs, cache.v.middleCols(kv_begin, head_dim),
-               cache.context.middleCols(h * head_dim, head_dim));
+  // Run 2: softmax attention, a head per piece.
+  for_each_piece(pool, options.heads, [&](int h) {
+    Mat<Scalar>& probs = cache.probs[h];  // (T, T), zero above the diagonal (causal mask)
+    probs.resize(tokens, tokens);
+    const Eigen::Index kv_begin = kv_column(options, h, head_dim);
+    multiply_transposed(cache.q.middleCols(h * head_dim, head_dim), cache.k.middleCols(kv_begin, head_dim),
+                        probs);
+    for (Eigen::Index i = 0; i < tokens; ++i) {
+      auto row = probs.row(i);
+      auto visible = row.head(i + 1);
+      visible *= scale;
+      const Scalar max_score = visible.maxCoeff();
+      visible = (visible.array() - max_score).exp().matrix();
+      visible /= visible.sum();
+      row.tail(tokens - i - 1).setZero();
     }
-    if (!with_output) return;
-    const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
-    cache.partials.output[shard].resize(tokens, width);
-    multiply(cache.context.middleCols(begin, size), w.w_o.middleRows(begin, size),
-             cache.partials.output[shard]);
+    multiply(probs, cache.v.middleCols(kv_begin, head_dim), cache.context.middleCols(h * head_dim, head_dim));
   });
   if (!with_output) return;
-  out = cache.partials.output[0] + cache.partials.output[1];  // (T, d)
-  add_bias(w.b_o, 0, out);
+  // Run 3: the output projection C W_O, a block of output columns per piece.
+  out.resize(tokens, width);
+  for_each_piece(pool, feature_blocks(width), [&](int block) {
+    const FeatureBlock columns = feature_block(width, block);
+    multiply(cache.context, w.w_o.middleCols(columns.begin, columns.size),
+             out.middleCols(columns.begin, columns.size));
+    add_bias(w.b_o, columns.begin, out.middleCols(columns.begin, columns.size));
+  });
 }
 
 namespace {
@@ -169,16 +186,17 @@ namespace {
 // dS = P (dP - rowsum(dP P)) (masked entries have P = 0), then d_q = s dS K and d_k = s dS^T Q.
 // Head h reads the key/value columns from kv_begin; its d_k and d_v go to its own columns.
 template <typename Scalar>
-void head_backward(AttentionCache<Scalar>& cache, int shard, Eigen::Index h, Eigen::Index kv_begin,
-                   Eigen::Index head_dim, Eigen::Index first_row, Eigen::Index tokens, Scalar scale) {
+void head_backward(AttentionCache<Scalar>& cache, HeadScratch<Scalar>& scratch, Eigen::Index h,
+                   Eigen::Index kv_begin, Eigen::Index head_dim, Eigen::Index first_row, Eigen::Index tokens,
+                   Scalar scale) {
   const Mat<Scalar>& probs = cache.probs[h];
   const auto d_context = cache.d_context.block(first_row, h * head_dim, tokens, head_dim);
-  Mat<Scalar>& d_probs = cache.d_probs[shard];
-  Mat<Scalar>& d_scores = cache.d_scores[shard];
+  Mat<Scalar>& d_probs = scratch.d_probs;
+  Mat<Scalar>& d_scores = scratch.d_scores;
   d_probs.resize(tokens, tokens);
   multiply_transposed(d_context, cache.v.middleCols(kv_begin, head_dim), d_probs);  // (T, T)
   multiply_first_transposed(probs, d_context, cache.d_v.block(first_row, h * head_dim, tokens, head_dim));
-  Vec<Scalar>& row_dot = cache.row_dot[shard];
+  Vec<Scalar>& row_dot = scratch.row_dot;
   row_dot.noalias() = (d_probs.array() * probs.array()).rowwise().sum().matrix();
   d_scores = (probs.array() * (d_probs.colwise() - row_dot).array()) * scale;
   multiply(d_scores, cache.k.middleCols(kv_begin, head_dim),
@@ -187,12 +205,11 @@ void head_backward(AttentionCache<Scalar>& cache, int shard, Eigen::Index h, Eig
                             cache.d_k.block(first_row, h * head_dim, tokens, head_dim));
 }
 
-// <d_out_k, C W_O> = <d_out_k W_O^T, C> over the shard's columns [begin, begin + size), per probe k.
+// <d_out_k, C W_O> = <d_out_k W_O^T, C> over head h's columns [begin, begin + size), per probe k.
 template <typename Scalar>
-void output_dots_of_shard(AttentionCache<Scalar>& cache, int shard, Eigen::Index begin, Eigen::Index size,
-                          Eigen::Index tokens, Eigen::Index probes) {
-  auto& dots = cache.partials.output_dots[shard];
-  dots.assign(probes, 0.0);
+void head_output_dots(AttentionCache<Scalar>& cache, int h, Eigen::Index begin, Eigen::Index size,
+                      Eigen::Index tokens, Eigen::Index probes) {
+  auto& dots = cache.output_dots.parts[h];
   const auto context = cache.context.middleCols(begin, size);
   for (Eigen::Index k = 0; k < probes; ++k) {
     dots[k] = row_major_dot(cache.d_context.block(k * tokens, begin, tokens, size), context);
@@ -200,35 +217,30 @@ void output_dots_of_shard(AttentionCache<Scalar>& cache, int shard, Eigen::Index
 }
 
 // The parameter-gradient Gram trick: for Y = X W, ||dW||^2 = ||X^T dY||^2 = <X X^T, dY dY^T>,
-// two (T, T) Gram matrices instead of a (d, d) product, summed over the shard's columns of dY.
-// W_O's input C is the shard's columns of the context; W_Q, W_K and W_V share their input x. The
-// shard's columns: [begin, begin + size) of W_Q, [kv_begin, kv_begin + kv_size) of W_K and W_V.
-// A bias b of Y = X W + b has ||db||^2 = ||sum over tokens of dY||^2 (b_o's in shard 0).
+// two (T, T) Gram matrices instead of a (d, d) product, summed over blocks of dY's columns (or of
+// X's, for W_O's rows): <X X^T, dY dY^T> = sum over blocks b of <X X^T, dY_b dY_b^T>.
+// W_O's term of head h, whose rows of W_O read head h's columns C_h of the context.
 template <typename Scalar>
-void attention_param_grad_squares(AttentionCache<Scalar>& cache, const SublayerWeights<Scalar>& w, int shard,
-                                  ShardRange heads, ShardRange kv, Eigen::Index head_dim, Eigen::Index tokens,
-                                  Eigen::Index probes, const Mat<Scalar>& d_out,
-                                  const Mat<Scalar>* d_raws[3]) {
-  auto& squares = cache.partials.param_grads[shard];
-  for (Eigen::Index k = 0; k < probes; ++k) {  // W_O: its rows of this shard, <C C^T, dY dY^T>
-    squares[k] += symmetric_inner(cache.grams[shard][0], cache.shared_grams[1 + k]);
-  }
-  const Mat<Scalar>& x_gram = cache.shared_grams[0];
-  Mat<Scalar>& output_gram = cache.grams[shard][1];
-  const bool bias = w.b_q.size() > 0;
-  for (int m = 0; m < 3; ++m) {
-    const ShardRange& range = m == 0 ? heads : kv;
-    const Eigen::Index begin = range.begin * head_dim, size = range.size() * head_dim;
-    for (Eigen::Index k = 0; k < probes; ++k) {
-      const auto d_rows = d_raws[m]->block(k * tokens, begin, tokens, size);
-      lower_gram<Scalar>(d_rows, output_gram);
-      squares[k] += symmetric_inner(x_gram, output_gram);
-      if (bias) squares[k] += d_rows.template cast<double>().colwise().sum().squaredNorm();
-    }
-  }
-  if (!bias || shard != 0) return;
+void head_output_squares(AttentionCache<Scalar>& cache, HeadScratch<Scalar>& scratch, int h,
+                         Eigen::Index begin, Eigen::Index size, Eigen::Index probes) {
+  lower_gram<Scalar>(cache.context.middleCols(begin, size), scratch.gram);
+  auto& squares = cache.head_squares.parts[h];
   for (Eigen::Index k = 0; k < probes; ++k)
-    squares[k] += d_out.middleRows(k * tokens, tokens).template cast<double>().colwise().sum().squaredNorm();
+    squares[k] = symmetric_inner(scratch.gram, cache.shared_grams[1 + k]);
+}
+
+// W_Q's, W_K's or W_V's term of one block of its output columns, dL/d(x W)'s columns `columns`;
+// with biases, ||db||^2 = ||sum over tokens of dY||^2 of the same columns.
+template <typename Scalar>
+void projection_squares(const Mat<Scalar>& d_raw, FeatureBlock columns, bool bias, Eigen::Index tokens,
+                        const Mat<Scalar>& x_gram, Mat<Scalar>& gram, std::vector<double>& squares) {
+  for (std::size_t k = 0; k < squares.size(); ++k) {
+    const auto d_rows =
+        d_raw.block(static_cast<Eigen::Index>(k) * tokens, columns.begin, tokens, columns.size);
+    lower_gram<Scalar>(d_rows, gram);
+    squares[k] += symmetric_inner(x_gram, gram);
+    if (bias) squares[k] += d_rows.template cast<double>().colwise().sum().squaredNorm();
+  }
 }
 
 // Between the backward's phases: the query heads' d_k and d_v summed over each key/value group,
@@ -253,53 +265,79 @@ void projections_backward(const AttentionOptions& options, Eigen::Index head_dim
 }
 }  // namespace
 
-// The backward of attention_forward (llm.c's attention_backward), split like the forward in two
-// shards of heads, each phase summing the shards' partials in a fixed order.
+// The backward of attention_forward (llm.c's attention_backward): a head per piece back through
+// W_O's rows and the softmax, then a block of dx's columns per piece back through the projections.
 template <typename Scalar>
 void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
                         const AttentionOptions& options, AttentionCache<Scalar>& cache,
                         const Mat<Scalar>& d_out, Mat<Scalar>* dx, ParamGradSquares* param_grads,
-                        ShardPair* shards, std::vector<double>* output_dots) {
+                        WorkPool* pool, std::vector<double>* output_dots) {
   const Eigen::Index tokens = x.rows(), width = x.cols(), head_dim = width / options.heads;
   const Eigen::Index rows = d_out.rows(), probes = rows / tokens;
-  const int kv_heads = options.kv_head_count();
+  const Eigen::Index kv_width = options.kv_head_count() * head_dim;
   const Scalar scale = static_cast<Scalar>(options.score_scale);
   for (Mat<Scalar>* m : {&cache.d_context, &cache.d_q, &cache.d_k, &cache.d_v}) m->resize(rows, width);
   if (param_grads) cache.shared_grams.resize(1 + probes);
-  // Phase 1: back through this shard's rows of W_O (dC = dY W_O^T) and its heads.
-  run_shards(shards, [&](int shard) {
-    const ShardRange heads = head_range(options.heads, shard);
-    const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
-    cache.partials.param_grads[shard].assign(probes, 0.0);
-    multiply_transposed(d_out, w.w_o.middleRows(begin, size), cache.d_context.middleCols(begin, size));
-    if (output_dots) output_dots_of_shard(cache, shard, begin, size, tokens, probes);
-    for (Eigen::Index k = 0; k < probes; ++k) {
-      for (auto h = heads.begin; h < heads.end; ++h)
-        head_backward(cache, shard, h, kv_column(options, h, head_dim), head_dim, k * tokens, tokens, scale);
-    }
-    if (!param_grads) return;
-    lower_gram<Scalar>(cache.context.middleCols(begin, size), cache.grams[shard][0]);
-    shared_input_grams(shard, x, d_out, cache.shared_grams);  // read by both shards in phase 2
+  if (output_dots) cache.output_dots.reset(options.heads, probes);
+  // Run 1: head h back through its rows of W_O (dC_h = dY W_O,h^T) and its softmax; with
+  // param_grads, pieces heads .. heads + probes form the shared Grams (x's, each d_out's).
+  const int heads = options.heads, grams = param_grads ? static_cast<int>(1 + probes) : 0;
+  for_each_piece(pool, heads + grams, [&](int piece) {
+    if (piece >= heads) return shared_input_gram(piece - heads, x, d_out, cache.shared_grams);
+    const int h = piece;
+    const Eigen::Index begin = h * head_dim;
+    multiply_transposed(d_out, w.w_o.middleRows(begin, head_dim),
+                        cache.d_context.middleCols(begin, head_dim));
+    if (output_dots) head_output_dots(cache, h, begin, head_dim, tokens, probes);
+    HeadScratch<Scalar>& scratch = head_scratch<Scalar>();
+    for (Eigen::Index k = 0; k < probes; ++k)
+      head_backward(cache, scratch, h, kv_column(options, h, head_dim), head_dim, k * tokens, tokens, scale);
   });
   const Mat<Scalar>* d_raws[3];
   projections_backward(options, head_dim, cache, d_raws);
   if (!dx) return;
-  // Phase 2: dx = dQ W_Q^T + dK W_K^T + dV W_V^T over this shard's columns, as a partial sum.
-  run_shards(shards, [&](int shard) {
-    const ShardRange heads = head_range(options.heads, shard), kv = head_range(kv_heads, shard);
-    const Eigen::Index begin = heads.begin * head_dim, size = heads.size() * head_dim;
-    const Eigen::Index kv_begin = kv.begin * head_dim, kv_size = kv.size() * head_dim;
-    Mat<Scalar>& partial = cache.partials.output[shard];
-    partial.resize(rows, width);
-    multiply_transposed(d_raws[0]->middleCols(begin, size), w.w_q.middleCols(begin, size), partial);
-    multiply_transposed(d_raws[1]->middleCols(kv_begin, kv_size), w.w_k.middleCols(kv_begin, kv_size),
-                        partial, true);
-    multiply_transposed(d_raws[2]->middleCols(kv_begin, kv_size), w.w_v.middleCols(kv_begin, kv_size),
-                        partial, true);
-    if (param_grads)
-      attention_param_grad_squares(cache, w, shard, heads, kv, head_dim, tokens, probes, d_out, d_raws);
+  // Run 2: dx = dQ W_Q^T + dK W_K^T + dV W_V^T, a block of dx's columns per piece; with
+  // param_grads, then W_O's term per head and W_Q's, W_K's and W_V's per block of their columns.
+  const int dx_pieces = feature_blocks(width);
+  const ProjectionPieces projections(width, kv_width);
+  const int square_pieces = param_grads ? heads + projections.count() : 0;
+  if (param_grads) {
+    cache.head_squares.reset(heads, probes);
+    cache.projection_squares.reset(projections.count(), probes);
+  }
+  const bool bias = w.b_q.size() > 0;
+  cache.d_input.resize(rows, width);
+  for_each_piece(pool, dx_pieces + square_pieces, [&](int piece) {
+    if (piece < dx_pieces) {
+      const FeatureBlock c = feature_block(width, piece);
+      auto d_input = cache.d_input.middleCols(c.begin, c.size);
+      multiply_transposed(*d_raws[0], w.w_q.middleRows(c.begin, c.size), d_input);
+      multiply_transposed(*d_raws[1], w.w_k.middleRows(c.begin, c.size), d_input, true);
+      multiply_transposed(*d_raws[2], w.w_v.middleRows(c.begin, c.size), d_input, true);
+      dx->middleCols(c.begin, c.size) += d_input;
+      return;
+    }
+    HeadScratch<Scalar>& scratch = head_scratch<Scalar>();
+    const int h = piece - dx_pieces;
+    if (h < heads) return head_output_squares(cache, scratch, h, h * head_dim, head_dim, probes);
+    const auto [m, block] = projections.locate(h - heads);
+    const Mat<Scalar>& d_raw = *d_raws[m];
+    projection_squares(d_raw, feature_block(d_raw.cols(), block), bias, tokens, cache.shared_grams[0],
+                       scratch.gram, cache.projection_squares.parts[h - heads]);
   });
-  cache.partials.add_into(*dx, probes, param_grads, output_dots);
+  if (output_dots) cache.output_dots.sum_into(*output_dots);
+  if (!param_grads) return;
+  std::vector<double> heads_sum, projections_sum;
+  cache.head_squares.sum_into(heads_sum);
+  cache.projection_squares.sum_into(projections_sum);
+  param_grads->assign(probes, 0.0);
+  for (Eigen::Index k = 0; k < probes; ++k) {
+    (*param_grads)[k] = heads_sum[k] + projections_sum[k];
+    // b_o: ||db_o||^2 = ||sum over tokens of d_out||^2
+    if (bias)
+      (*param_grads)[k] +=
+          d_out.middleRows(k * tokens, tokens).template cast<double>().colwise().sum().squaredNorm();
+  }
 }
 
 // Forward mode: the tangents of q, k, v through the projections, the q/k/v norms and the
@@ -342,12 +380,12 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
       const auto dq = d_q.block(k * tokens, h * head_dim, tokens, head_dim);
       const auto dk = d_k.block(k * tokens, kv_begin, tokens, head_dim);
       const auto dv = d_v.block(k * tokens, kv_begin, tokens, head_dim);
-      cache.d_scores[0].noalias() = (dq * key.transpose() + q * dk.transpose()) * scale;  // (T, T)
+      cache.d_scores.noalias() = (dq * key.transpose() + q * dk.transpose()) * scale;  // (T, T)
       // softmax JVP: dP = P (dS - rowsum(P dS)); masked entries have P = 0.
-      const Vec<Scalar> row_dot = (cache.d_scores[0].array() * probs.array()).rowwise().sum();
-      cache.d_probs[0] = probs.array() * (cache.d_scores[0].colwise() - row_dot).array();
+      const Vec<Scalar> row_dot = (cache.d_scores.array() * probs.array()).rowwise().sum();
+      cache.d_probs = probs.array() * (cache.d_scores.colwise() - row_dot).array();
       cache.d_context.block(k * tokens, h * head_dim, tokens, head_dim).noalias() =
-          cache.d_probs[0] * v + probs * dv;
+          cache.d_probs * v + probs * dv;
     }
   }
   d_out.noalias() = cache.d_context * w.w_o;  // (P*T, d)
@@ -357,7 +395,7 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
 template <typename Scalar>
 void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& options,
                                 const AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                                SublayerWeights<Scalar>& gradients, ShardPair* shards) {
+                                SublayerWeights<Scalar>& gradients, WorkPool* pool) {
   // projections_backward's cotangents: d_q with rotations undone in place; d_k and d_v summed over
   // each key/value group (d_k unrotated); then before a q/k/v norm where there is one.
   const bool qk_normalised = options.qkv_norm != QkvNorm::none;
@@ -368,33 +406,59 @@ void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& op
   const Eigen::Index width = x.cols(), kv_width = width / options.heads * options.kv_head_count();
   for (Mat<Scalar>* m : {&gradients.w_q, &gradients.w_o}) m->resize(width, width);
   for (Mat<Scalar>* m : {&gradients.w_k, &gradients.w_v}) m->resize(width, kv_width);
-  const auto products = [&](int shard) {
-    if (shard == 0) {
-      multiply_first_transposed(x, qk_normalised ? cache.d_q_raw : cache.d_q, gradients.w_q);  // x^T dQ
-      multiply_first_transposed(x, qk_normalised ? cache.d_k_raw : d_k, gradients.w_k);
-    } else {
-      multiply_first_transposed(x, v_normalised ? cache.d_v_raw : d_v, gradients.w_v);
-      multiply_first_transposed(cache.context, d_out, gradients.w_o);
+  // One product per piece: x^T dQ, x^T dK, x^T dV (before any q/k/v norm), C^T dY.
+  for_each_piece(pool, 4, [&](int piece) {
+    switch (piece) {
+      case 0:
+        return multiply_first_transposed(x, qk_normalised ? cache.d_q_raw : cache.d_q, gradients.w_q);
+      case 1:
+        return multiply_first_transposed(x, qk_normalised ? cache.d_k_raw : d_k, gradients.w_k);
+      case 2:
+        return multiply_first_transposed(x, v_normalised ? cache.d_v_raw : d_v, gradients.w_v);
+      default:
+        return multiply_first_transposed(cache.context, d_out, gradients.w_o);
     }
-  };
-  if (shards) return shards->run(products);
-  products(0);
-  products(1);
+  });
+}
+
+template <typename Scalar>
+void swap_activations(AttentionCache<Scalar>& a, AttentionCache<Scalar>& b) {
+  for (auto member : {&AttentionCache<Scalar>::q, &AttentionCache<Scalar>::k, &AttentionCache<Scalar>::v,
+                      &AttentionCache<Scalar>::q_unrotated, &AttentionCache<Scalar>::k_unrotated,
+                      &AttentionCache<Scalar>::q_inv, &AttentionCache<Scalar>::k_inv,
+                      &AttentionCache<Scalar>::v_inv, &AttentionCache<Scalar>::context})
+    (a.*member).swap(b.*member);
+  a.rotary.cos.swap(b.rotary.cos);
+  a.rotary.sin.swap(b.rotary.sin);
+  std::swap(a.rotary.rotary_dims, b.rotary.rotary_dims);
+  a.probs.swap(b.probs);
+}
+
+template <typename Scalar>
+std::size_t activation_bytes(const AttentionCache<Scalar>& cache) {
+  Eigen::Index entries = cache.rotary.cos.size() + cache.rotary.sin.size();
+  for (const Mat<Scalar>* m : {&cache.q, &cache.k, &cache.v, &cache.q_unrotated, &cache.k_unrotated,
+                               &cache.q_inv, &cache.k_inv, &cache.v_inv, &cache.context})
+    entries += m->size();
+  for (const Mat<Scalar>& m : cache.probs) entries += m.size();
+  return static_cast<std::size_t>(entries) * sizeof(Scalar);
 }
 
 #define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                              \
   template void attention_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,               \
                                           const AttentionOptions&, AttentionCache<Scalar>&, Mat<Scalar>&,   \
-                                          ShardPair*, bool);                                                \
+                                          WorkPool*, bool);                                                 \
   template void attention_backward<Scalar>(                                                                 \
       const Mat<Scalar>&, const SublayerWeights<Scalar>&, const AttentionOptions&, AttentionCache<Scalar>&, \
-      const Mat<Scalar>&, Mat<Scalar>*, ParamGradSquares*, ShardPair*, std::vector<double>*);               \
+      const Mat<Scalar>&, Mat<Scalar>*, ParamGradSquares*, WorkPool*, std::vector<double>*);                \
   template void attention_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,                   \
                                       const AttentionOptions&, AttentionCache<Scalar>&, const Mat<Scalar>&, \
                                       Mat<Scalar>&, const SublayerWeights<Scalar>*);                        \
   template void attention_weight_gradients<Scalar>(const Mat<Scalar>&, const AttentionOptions&,             \
                                                    const AttentionCache<Scalar>&, const Mat<Scalar>&,       \
-                                                   SublayerWeights<Scalar>&, ShardPair*);
+                                                   SublayerWeights<Scalar>&, WorkPool*);                    \
+  template void swap_activations<Scalar>(AttentionCache<Scalar>&, AttentionCache<Scalar>&);                 \
+  template std::size_t activation_bytes<Scalar>(const AttentionCache<Scalar>&);
 GRADFLOW_INSTANTIATE_ATTENTION(float)
 GRADFLOW_INSTANTIATE_ATTENTION(double)
 

@@ -12,7 +12,7 @@ namespace gradflow {
 
 // Eigen's vectorised erf (a rational approximation within a few float ulps of std::erf for
 // float; std::erf itself for double), applied row by row so that column blocks of a row-major
-// matrix (one shard's hidden units) work too.
+// matrix (one block of hidden units) work too.
 template <typename Scalar, typename In, typename Out>
 void gelu_forward_rows(const In& x, Out&& y) {
   const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
@@ -59,7 +59,7 @@ void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx)
 
 template <typename Scalar>
 void lower_gram(const Eigen::Ref<const Mat<Scalar>>& rows, Mat<Scalar>& gram) {
-  if (rows.cols() == 0) {  // a shard with no columns (one head); Eigen's rank update divides by zero
+  if (rows.cols() == 0) {  // a block with no columns; Eigen's rank update divides by zero
     gram.setZero(rows.rows(), rows.rows());
     return;
   }
@@ -88,16 +88,11 @@ double symmetric_inner(const Mat<Scalar>& a, const Mat<Scalar>& b) {
 }
 
 template <typename Scalar>
-void shared_input_grams(int shard, const Mat<Scalar>& x, const Mat<Scalar>& d_out,
-                        std::vector<Mat<Scalar>>& grams) {
-  const Eigen::Index tokens = x.rows(), probes = d_out.rows() / tokens;
-  for (Eigen::Index item = shard; item < 1 + probes; item += ShardPair::kShards) {
-    if (item == 0) {
-      lower_gram<Scalar>(x, grams[0]);
-    } else {
-      lower_gram<Scalar>(d_out.middleRows((item - 1) * tokens, tokens), grams[item]);
-    }
-  }
+void shared_input_gram(int item, const Mat<Scalar>& x, const Mat<Scalar>& d_out,
+                       std::vector<Mat<Scalar>>& grams) {
+  const Eigen::Index tokens = x.rows();
+  if (item == 0) return lower_gram<Scalar>(x, grams[0]);
+  lower_gram<Scalar>(d_out.middleRows((item - 1) * tokens, tokens), grams[item]);
 }
 
 // The gate's activation act(x) on a block of rows: SiLU for swiglu, GELU for geglu.
@@ -147,16 +142,15 @@ void add_bias_grad_squares(const DOut& d_out, Eigen::Index tokens, std::vector<d
   }
 }
 
-// Shard s owns hidden units [begin, end): columns of W_1 (and W_3) and rows of W_2 (Megatron-LM's
-// split, arXiv 1909.08053 Sec. 3), so each shard's output is a partial sum and nothing is exchanged
-// until the end.
+// A block of kFeatureBlock hidden units per piece: columns of W_1 (and W_3) and rows of W_2
+// (Megatron-LM's split, arXiv 1909.08053 Sec. 3); then a block of output columns per piece.
 // The hidden scale s multiplies the product x W_1 (not W_1 itself), so dL/dW_1 = s x^T dL/d(s x W_1)
 // as in nGPT, where s_uv is a parameter of its own; s = 1 skips the multiplication (same bits).
 // A gated FFN scales both x W_1 and x W_3, as nGPT's s_uv scales both halves of uv.
 template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
-                 FfnCache<Scalar>& cache, Mat<Scalar>& out, ShardPair* shards, bool with_output) {
-  const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols();
+                 FfnCache<Scalar>& cache, Mat<Scalar>& out, WorkPool* pool, bool with_output) {
+  const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols(), width = w.w_2.cols();
   const Scalar hidden_scale = static_cast<Scalar>(options.hidden_scale);
   const bool gated = options.kind != FfnKind::gelu, bias = w.b_1.size() > 0;
   cache.hidden_pre.resize(tokens, hidden);  // (T, hidden) s x W_1
@@ -165,124 +159,129 @@ void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const F
     cache.gate_pre.resize(tokens, hidden);
     cache.activated.resize(tokens, hidden);
   }
-  run_shards(shards, [&](int shard) {
-    const ShardRange units = shard_range(hidden, shard, kShardGranule);
-    auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
-    multiply(x, w.w_1.middleCols(units.begin, units.size()), pre);
-    if (bias) pre.rowwise() += w.b_1.segment(units.begin, units.size()).transpose();
+  for_each_piece(pool, feature_blocks(hidden), [&](int block) {
+    const FeatureBlock units = feature_block(hidden, block);
+    auto pre = cache.hidden_pre.middleCols(units.begin, units.size);
+    multiply(x, w.w_1.middleCols(units.begin, units.size), pre);
+    if (bias) pre.rowwise() += w.b_1.segment(units.begin, units.size).transpose();
     if (options.hidden_scale != 1.0) pre *= hidden_scale;
-    if (!gated) {
-      gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size()));
-    } else {
-      auto gate = cache.gate_pre.middleCols(units.begin, units.size());
-      multiply(x, w.w_3.middleCols(units.begin, units.size()), gate);
-      if (bias) gate.rowwise() += w.b_3.segment(units.begin, units.size()).transpose();
-      if (options.hidden_scale != 1.0) gate *= hidden_scale;
-      auto activated = cache.activated.middleCols(units.begin, units.size());
-      gate_activation_rows<Scalar>(options.kind, pre, activated);
-      cache.hidden.middleCols(units.begin, units.size()) = (activated.array() * gate.array()).matrix();
-    }
-    if (!with_output) return;
-    cache.partials.output[shard].resize(tokens, w.w_2.cols());
-    multiply(cache.hidden.middleCols(units.begin, units.size()), w.w_2.middleRows(units.begin, units.size()),
-             cache.partials.output[shard]);
+    if (!gated) return gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size));
+    auto gate = cache.gate_pre.middleCols(units.begin, units.size);
+    multiply(x, w.w_3.middleCols(units.begin, units.size), gate);
+    if (bias) gate.rowwise() += w.b_3.segment(units.begin, units.size).transpose();
+    if (options.hidden_scale != 1.0) gate *= hidden_scale;
+    auto activated = cache.activated.middleCols(units.begin, units.size);
+    gate_activation_rows<Scalar>(options.kind, pre, activated);
+    cache.hidden.middleCols(units.begin, units.size) = (activated.array() * gate.array()).matrix();
   });
   if (!with_output) return;
-  out = cache.partials.output[0] + cache.partials.output[1];  // (T, d)
-  if (bias) out.rowwise() += w.b_2.transpose();
+  out.resize(tokens, width);
+  for_each_piece(pool, feature_blocks(width), [&](int block) {
+    const FeatureBlock columns = feature_block(width, block);
+    auto out_columns = out.middleCols(columns.begin, columns.size);
+    multiply(cache.hidden, w.w_2.middleCols(columns.begin, columns.size), out_columns);
+    if (bias) out_columns.rowwise() += w.b_2.segment(columns.begin, columns.size).transpose();
+  });
 }
 
 namespace {
-// One shard's dL/d(s x W_1) (and dL/d(s x W_3) when gated) from its dL/d hidden, scaled by s.
+// One block's dL/d(s x W_1) (and dL/d(s x W_3) when gated) from its dL/d hidden, scaled by s.
 template <typename Scalar, typename Block>
-void ffn_hidden_backward(const FfnOptions& options, FfnCache<Scalar>& cache, int shard, ShardRange units,
+void ffn_hidden_backward(const FfnOptions& options, FfnCache<Scalar>& cache, FeatureBlock units,
                          const Block& d_hidden) {
-  const auto pre = cache.hidden_pre.middleCols(units.begin, units.size());
-  auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size());
+  thread_local Eigen::Array<Scalar, 1, Eigen::Dynamic> gelu_slope;  // a row of scratch per thread
+  const auto pre = cache.hidden_pre.middleCols(units.begin, units.size);
+  auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size);
   const Scalar hidden_scale = static_cast<Scalar>(options.hidden_scale);
   if (options.kind == FfnKind::gelu) {
-    gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, cache.slope[shard]);
+    gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, gelu_slope);
   } else {  // d(a * g) = g a'(pre) d pre + a d gate
-    const auto gate = cache.gate_pre.middleCols(units.begin, units.size());
-    auto slope = cache.gate_slope.middleCols(units.begin, units.size());
+    const auto gate = cache.gate_pre.middleCols(units.begin, units.size);
+    auto slope = cache.gate_slope.middleCols(units.begin, units.size);
     gate_slope_rows<Scalar>(options.kind, pre, gate, slope);
     multiply_probe_rows(slope, d_hidden, d_pre);
-    auto d_gate = cache.d_gate_pre.middleCols(units.begin, units.size());
-    multiply_probe_rows(cache.activated.middleCols(units.begin, units.size()), d_hidden, d_gate);
+    auto d_gate = cache.d_gate_pre.middleCols(units.begin, units.size);
+    multiply_probe_rows(cache.activated.middleCols(units.begin, units.size), d_hidden, d_gate);
     if (options.hidden_scale != 1.0) d_gate *= hidden_scale;
   }
   if (options.hidden_scale != 1.0) d_pre *= hidden_scale;  // now dL/d(x W_1)
 }
+
+// The Gram trick (attention.cpp) for one block of hidden units: ||dW_2||^2 over its rows of W_2,
+// <H_b H_b^T, dY dY^T>; ||dW_1||^2 (and ||dW_3||^2) over its columns, <X X^T, dH_b dH_b^T>; and
+// with biases, the block's ||db_1||^2 (and ||db_3||^2).
+template <typename Scalar>
+void hidden_block_squares(FfnCache<Scalar>& cache, FeatureBlock units, bool gated, bool bias,
+                          Eigen::Index tokens, std::vector<double>& squares) {
+  thread_local Mat<Scalar> gram;
+  const Mat<Scalar>& x_gram = cache.shared_grams[0];
+  lower_gram<Scalar>(cache.hidden.middleCols(units.begin, units.size), gram);
+  for (std::size_t k = 0; k < squares.size(); ++k)
+    squares[k] += symmetric_inner(gram, cache.shared_grams[1 + k]);
+  for (const Mat<Scalar>* d_pre : {&cache.d_hidden_pre, gated ? &cache.d_gate_pre : nullptr}) {
+    if (!d_pre) continue;
+    const auto block = d_pre->middleCols(units.begin, units.size);
+    for (std::size_t k = 0; k < squares.size(); ++k) {
+      const auto rows = block.middleRows(static_cast<Eigen::Index>(k) * tokens, tokens);
+      lower_gram<Scalar>(rows, gram);
+      squares[k] += symmetric_inner(x_gram, gram);
+      if (bias) squares[k] += rows.template cast<double>().colwise().sum().squaredNorm();
+    }
+  }
+}
 }  // namespace
 
+// Run 1: a block of hidden units per piece back through W_2's rows and the activation (and, with
+// param_grads, the shared Grams as pieces of their own); run 2: a block of dx's columns per piece
+// back through W_1 (and W_3), and the parameter-gradient squares per block of hidden units.
 template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
                   FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>* dx,
-                  ParamGradSquares* param_grads, ShardPair* shards, std::vector<double>* output_dots) {
-  const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols(), rows = d_out.rows();
+                  ParamGradSquares* param_grads, WorkPool* pool, std::vector<double>* output_dots) {
+  const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols(), rows = d_out.rows(), width = x.cols();
   const Eigen::Index probes = rows / tokens;
   const bool gated = options.kind != FfnKind::gelu, bias = w.b_1.size() > 0;
-  const Eigen::Index pre_gram_count = gated ? 2 * probes : probes;  // d(x W_1)'s, then d(x W_3)'s
   cache.d_hidden.resize(rows, hidden);
   cache.d_hidden_pre.resize(rows, hidden);
   if (gated) {
     cache.d_gate_pre.resize(rows, hidden);
     cache.gate_slope.resize(tokens, hidden);
   }
-  if (param_grads) {
-    cache.shared_grams.resize(1 + probes);
-    for (auto& grams : cache.pre_grams) grams.resize(pre_gram_count);
-  }
-  run_shards(shards, [&](int shard) {
-    const ShardRange units = shard_range(hidden, shard, kShardGranule);
-    auto d_hidden = cache.d_hidden.middleCols(units.begin, units.size());
-    const auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size());
-    const auto d_gate = cache.d_gate_pre.middleCols(gated ? units.begin : 0, gated ? units.size() : 0);
-    multiply_transposed(d_out, w.w_2.middleRows(units.begin, units.size()), d_hidden);  // (K*T, n)
-    ffn_hidden_backward(options, cache, shard, units, d_hidden);
-    if (dx) {
-      cache.partials.output[shard].resize(rows, x.cols());
-      multiply_transposed(d_pre, w.w_1.middleCols(units.begin, units.size()), cache.partials.output[shard]);
-      if (gated)
-        multiply_transposed(d_gate, w.w_3.middleCols(units.begin, units.size()), cache.partials.output[shard],
-                            true);
-    }
-    if (output_dots) {  // <d_out, H W_2> = <d_out W_2^T, H> over this shard's units
-      auto& dots = cache.partials.output_dots[shard];
-      dots.assign(probes, 0.0);
-      const auto hidden = cache.hidden.middleCols(units.begin, units.size());
-      for (Eigen::Index k = 0; k < probes; ++k) {
-        dots[k] = row_major_dot(d_hidden.middleRows(k * tokens, tokens), hidden);
-      }
-    }
-    cache.partials.param_grads[shard].assign(probes, 0.0);
-    if (!param_grads) return;
-    shared_input_grams(shard, x, d_out, cache.shared_grams);
-    lower_gram<Scalar>(cache.hidden.middleCols(units.begin, units.size()), cache.hidden_grams[shard]);
-    for (Eigen::Index k = 0; k < probes; ++k) {
-      lower_gram<Scalar>(d_pre.middleRows(k * tokens, tokens), cache.pre_grams[shard][k]);
-      if (gated)
-        lower_gram<Scalar>(d_gate.middleRows(k * tokens, tokens), cache.pre_grams[shard][probes + k]);
-    }
-    if (!bias) return;
-    add_bias_grad_squares<Scalar>(d_pre, tokens, cache.partials.param_grads[shard]);
-    if (gated) add_bias_grad_squares<Scalar>(d_gate, tokens, cache.partials.param_grads[shard]);
-    if (shard == 0) add_bias_grad_squares<Scalar>(d_out, tokens, cache.partials.param_grads[shard]);  // b_2
+  const int blocks = feature_blocks(hidden), grams = param_grads ? static_cast<int>(1 + probes) : 0;
+  if (param_grads) cache.shared_grams.resize(1 + probes);
+  if (output_dots) cache.output_dots.reset(blocks, probes);
+  for_each_piece(pool, blocks + grams, [&](int piece) {
+    if (piece >= blocks) return shared_input_gram(piece - blocks, x, d_out, cache.shared_grams);
+    const FeatureBlock units = feature_block(hidden, piece);
+    auto d_hidden = cache.d_hidden.middleCols(units.begin, units.size);
+    multiply_transposed(d_out, w.w_2.middleRows(units.begin, units.size), d_hidden);  // (K*T, n)
+    ffn_hidden_backward(options, cache, units, d_hidden);
+    if (!output_dots) return;  // <d_out, H W_2> = <d_out W_2^T, H> over this block's units
+    const auto hidden_units = cache.hidden.middleCols(units.begin, units.size);
+    for (Eigen::Index k = 0; k < probes; ++k)
+      cache.output_dots.parts[piece][k] =
+          row_major_dot(d_hidden.middleRows(k * tokens, tokens), hidden_units);
   });
-  if (param_grads) {
-    // ||dW_2||^2 = <H H^T, dY dY^T> and ||dW_1||^2 = <X X^T, dH dH^T> (and W_3's likewise), each
-    // over a shard's units, once both shards' Grams are complete.
-    const auto& x_gram = cache.shared_grams[0];
-    for (int shard = 0; shard < ShardPair::kShards; ++shard) {
-      auto& squares = cache.partials.param_grads[shard];
-      for (Eigen::Index k = 0; k < probes; ++k) {
-        squares[k] += symmetric_inner(cache.hidden_grams[shard], cache.shared_grams[1 + k]);
-        squares[k] += symmetric_inner(x_gram, cache.pre_grams[shard][k]);
-        if (gated) squares[k] += symmetric_inner(x_gram, cache.pre_grams[shard][probes + k]);
-      }
+  if (output_dots) cache.output_dots.sum_into(*output_dots);
+  if (!dx && !param_grads) return;
+  const int dx_pieces = dx ? feature_blocks(width) : 0;
+  if (param_grads) cache.squares.reset(blocks, probes);
+  cache.d_input.resize(rows, width);
+  for_each_piece(pool, dx_pieces + (param_grads ? blocks : 0), [&](int piece) {
+    if (piece >= dx_pieces) {
+      const int block = piece - dx_pieces;
+      return hidden_block_squares(cache, feature_block(hidden, block), gated, bias, tokens,
+                                  cache.squares.parts[block]);
     }
-  }
-  if (dx) cache.partials.add_into(*dx, probes, param_grads, output_dots);
+    const FeatureBlock c = feature_block(width, piece);
+    auto d_input = cache.d_input.middleCols(c.begin, c.size);
+    multiply_transposed(cache.d_hidden_pre, w.w_1.middleRows(c.begin, c.size), d_input);
+    if (gated) multiply_transposed(cache.d_gate_pre, w.w_3.middleRows(c.begin, c.size), d_input, true);
+    dx->middleCols(c.begin, c.size) += d_input;
+  });
+  if (!param_grads) return;
+  cache.squares.sum_into(*param_grads);
+  if (bias) add_bias_grad_squares<Scalar>(d_out, tokens, *param_grads);  // b_2
 }
 
 template <typename Scalar>
@@ -312,7 +311,7 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
 
 template <typename Scalar>
 void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const FfnCache<Scalar>& cache,
-                          const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients, ShardPair* shards) {
+                          const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients, WorkPool* pool) {
   const bool gated = options.kind != FfnKind::gelu;
   gradients.w_1.resize(x.cols(), cache.d_hidden_pre.cols());
   gradients.w_2.resize(cache.hidden.cols(), d_out.cols());
@@ -321,18 +320,26 @@ void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const
   } else {
     gradients.w_3.resize(0, 0);  // as the weights' w_3
   }
-  const auto products = [&](int shard) {
-    if (shard == 0) {
-      // d_hidden_pre: dL/d(x W_1), s applied
-      multiply_first_transposed(x, cache.d_hidden_pre, gradients.w_1);
-    } else {
-      multiply_first_transposed(cache.hidden, d_out, gradients.w_2);
-      if (gated) multiply_first_transposed(x, cache.d_gate_pre, gradients.w_3);  // dL/d(x W_3), s applied
-    }
-  };
-  if (shards) return shards->run(products);
-  products(0);
-  products(1);
+  // One product per piece: x^T dL/d(x W_1), H^T dY, x^T dL/d(x W_3) (s applied in both).
+  for_each_piece(pool, gated ? 3 : 2, [&](int piece) {
+    if (piece == 0) return multiply_first_transposed(x, cache.d_hidden_pre, gradients.w_1);
+    if (piece == 1) return multiply_first_transposed(cache.hidden, d_out, gradients.w_2);
+    multiply_first_transposed(x, cache.d_gate_pre, gradients.w_3);
+  });
+}
+
+template <typename Scalar>
+void swap_activations(FfnCache<Scalar>& a, FfnCache<Scalar>& b) {
+  for (auto member : {&FfnCache<Scalar>::hidden_pre, &FfnCache<Scalar>::hidden, &FfnCache<Scalar>::gate_pre,
+                      &FfnCache<Scalar>::activated})
+    (a.*member).swap(b.*member);
+}
+
+template <typename Scalar>
+std::size_t activation_bytes(const FfnCache<Scalar>& cache) {
+  const Eigen::Index entries =
+      cache.hidden_pre.size() + cache.hidden.size() + cache.gate_pre.size() + cache.activated.size();
+  return static_cast<std::size_t>(entries) * sizeof(Scalar);
 }
 
 template <typename Scalar>
@@ -356,21 +363,23 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
   template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                      \
   template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);                 \
   template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,   \
-                                    FfnCache<Scalar>&, Mat<Scalar>&, ShardPair*, bool);                      \
+                                    FfnCache<Scalar>&, Mat<Scalar>&, WorkPool*, bool);                       \
   template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,  \
                                      FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>*, ParamGradSquares*, \
-                                     ShardPair*, std::vector<double>*);                                      \
+                                     WorkPool*, std::vector<double>*);                                       \
   template void lower_gram<Scalar>(const Eigen::Ref<const Mat<Scalar>>&, Mat<Scalar>&);                      \
   template double symmetric_inner<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&);                           \
-  template void shared_input_grams<Scalar>(int, const Mat<Scalar>&, const Mat<Scalar>&,                      \
-                                           std::vector<Mat<Scalar>>&);                                       \
+  template void shared_input_gram<Scalar>(int, const Mat<Scalar>&, const Mat<Scalar>&,                       \
+                                          std::vector<Mat<Scalar>>&);                                        \
   template void ffn_jvp<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,       \
                                 FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&,                         \
                                 const SublayerWeights<Scalar>*);                                             \
   template void ffn_weight_gradients<Scalar>(const Mat<Scalar>&, const FfnOptions&, const FfnCache<Scalar>&, \
-                                             const Mat<Scalar>&, SublayerWeights<Scalar>&, ShardPair*);      \
+                                             const Mat<Scalar>&, SublayerWeights<Scalar>&, WorkPool*);       \
   template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                  \
-  template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);
+  template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                 \
+  template void swap_activations<Scalar>(FfnCache<Scalar>&, FfnCache<Scalar>&);                              \
+  template std::size_t activation_bytes<Scalar>(const FfnCache<Scalar>&);
 GRADFLOW_INSTANTIATE_FFN(float)
 GRADFLOW_INSTANTIATE_FFN(double)
 

@@ -24,8 +24,11 @@ void record_angle(SeedResult& result, int l, const std::vector<State<Scalar>>& s
 }  // namespace
 
 // token_cos and erank of states 0..last (the forward's last finite state) and the angles of the
-// sublayers between them, on both shards (two contiguous halves of the states). Each shard walks
-// up its half so that every state's unit rows are computed once and serve both angles that touch it.
+// sublayers between them, a block of kStateBlock consecutive states per piece of the pool. Each
+// piece walks up its block so that every state's unit rows are computed once and serve both
+// angles that touch it (the state below the block's first is computed again by its piece).
+constexpr int kStateBlock = 32;
+
 template <typename Scalar>
 void compute_representation(SeedAnalysis<Scalar>& analysis) {
   const auto start = std::chrono::steady_clock::now();
@@ -33,13 +36,12 @@ void compute_representation(SeedAnalysis<Scalar>& analysis) {
   SeedResult& result = analysis.result;
   auto& token_cos = result.states.at(Figure::token_cos);
   auto& erank = result.states.at(Figure::erank);
-  run_shards(analysis.run.shards(), [&](int shard) {
-    const ShardRange range = shard_range(analysis.last_state + 1, shard);
+  const int count = analysis.last_state + 1, blocks = (count + kStateBlock - 1) / kStateBlock;
+  for_each_piece(analysis.run.pool(), blocks, [&](int block) {
+    const int begin = block * kStateBlock, end = std::min(count, begin + kStateBlock);
     Eigen::MatrixXd unit_below;
-    if (range.begin > 0 && range.size() > 0) {
-      unit_below = unit_rows(token_rows(states[range.begin - 1], states[range.begin - 1].size()));
-    }
-    for (auto l = static_cast<int>(range.begin); l < range.end; ++l) {
+    if (begin > 0) unit_below = unit_rows(token_rows(states[begin - 1], states[begin - 1].size()));
+    for (int l = begin; l < end; ++l) {
       const Eigen::MatrixXd rows = token_rows(states[l], states[l].size());
       Eigen::MatrixXd unit = unit_rows(rows);
       token_cos[l] = mean_token_cosine(unit);

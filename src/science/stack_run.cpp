@@ -14,9 +14,9 @@ void nudge_weights(const AnalysisHooks& hooks, int sublayer, SublayerWeights<Sca
 }
 }  // namespace
 
-// Both cores work on every sublayer: each op splits its work in two fixed shards (shards.hpp),
-// so the thread count changes no number. The caller decides: inside a parallel loop over runs
-// the cores are already busy, and it asks for one.
+// Every thread works on every sublayer: each op splits its work into pieces fixed by the shapes
+// (work_pool.hpp), so the thread count changes no number. The caller decides: inside a parallel
+// loop over runs the cores are already busy, and it asks for one.
 template <typename Scalar>
 StackRun<Scalar>::StackRun(const ModelConfig& config, const Architecture& arch, const Constants& constants,
                            std::uint64_t seed, const AnalysisHooks& hooks, int threads)
@@ -27,7 +27,7 @@ StackRun<Scalar>::StackRun(const ModelConfig& config, const Architecture& arch, 
       hooks_(hooks),
       sublayers_(config.sublayers()),
       skip_weights_(sublayers_ + 1, 1.0) {
-  if (config_.branch == BranchKind::model && threads >= 2) shards_ = std::make_unique<ShardPair>(true);
+  if (config_.branch == BranchKind::model && threads >= 2) pool_ = std::make_unique<WorkPool>(threads);
 }
 
 template <typename Scalar>
@@ -44,7 +44,7 @@ SublayerContext StackRun<Scalar>::context(int sublayer) const {
 template <typename Scalar>
 BranchContext<Scalar> StackRun<Scalar>::branch_context(const SublayerContext& ctx) const {
   return BranchContext<Scalar>{ctx.kind, config_.branch, config_.norm,      config_.heads,
-                               nullptr,  shards_.get(),  block_ops(config_)};
+                               nullptr,  pool_.get(),    block_ops(config_)};
 }
 
 template <typename Scalar>
@@ -52,6 +52,14 @@ void StackRun<Scalar>::start(const Mat<Scalar>& input) {
   states_.assign(sublayers_ + 1, {});
   output_norm_stats_.resize(sublayers_);
   states_[0].assign(arch_.initial_streams, input);
+  drop_tapes();
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::drop_tapes() {
+  tapes_.clear();
+  tapes_.shrink_to_fit();
+  tape_bytes_ = 0;
 }
 
 template <typename Scalar>
@@ -62,6 +70,10 @@ void StackRun<Scalar>::forward(int l) {
   next.resize(graph_.outputs().size());
   for (std::size_t s = 0; s < next.size(); ++s) next[s] = executor_.value(graph_.outputs()[s]);
   executor_.output_norm_stats(graph_, output_norm_stats_[l]);  // for the backward's recompute
+  if (config_.branch != BranchKind::model || tape_bytes_ >= kTapeBudgetBytes) return;
+  tapes_.resize(sublayers_);
+  executor_.keep_branch(graph_, tapes_[l]);
+  tape_bytes_ += tapes_[l].bytes();
 }
 
 template <typename Scalar>
@@ -93,11 +105,17 @@ BranchContext<Scalar> StackRun<Scalar>::recompute(int i) {
 template <typename Scalar>
 BranchContext<Scalar> StackRun<Scalar>::recompute_for_backward(int l, bool in_full, int next) {
   const auto branch = prepare_sublayer(l, next);
+  const bool taped = l < static_cast<int>(tapes_.size()) && !tapes_[l].empty();
+  if (taped) executor_.restore_branch(tapes_[l]);  // the branch node then runs no op
   if (in_full) {
     executor_.forward(graph_, states_[l], branch);
   } else {
     executor_.recompute(graph_, states_[l], branch,
                         KnownOutputs<Scalar>{&states_[l + 1], &output_norm_stats_[l]});
+  }
+  if (taped) {  // the tape now holds the executor's previous buffers: released
+    tape_bytes_ -= std::min(tape_bytes_, tapes_[l].bytes());
+    tapes_[l] = BranchActivations<Scalar>{};
   }
   return branch;
 }
@@ -115,8 +133,8 @@ void StackRun<Scalar>::jvp(int i, const State<Scalar>& d_inputs, State<Scalar>& 
 }
 
 // Sublayer l's weights live in buffer l % 2. While sublayer l is worked on, the next one's are
-// drawn into the other buffer by whichever core would otherwise wait (WeightDraw as the
-// ShardPair's idle work); with one core they are drawn here when needed. Same values either way.
+// drawn into the other buffer by whichever thread would otherwise wait (WeightDraw as the
+// WorkPool's idle work); with one thread they are drawn here when needed. Same values either way.
 template <typename Scalar>
 void StackRun<Scalar>::ensure_weights(int l, int next) {
   if (config_.branch != BranchKind::model) return;
@@ -136,11 +154,11 @@ void StackRun<Scalar>::ensure_weights(int l, int next) {
 template <typename Scalar>
 void StackRun<Scalar>::start_draw(int l) {
   const int buffer = l % 2;
-  if (shards_) shards_->clear_idle_work();  // the second core lets go of the old draw first
+  if (pool_) pool_->clear_idle_work();  // the workers let go of the old draw first
   loaded_[buffer] = -1;
   drawing_[buffer] = l;
   draws_[buffer].plan(config_, arch_, context(l), seed_, weight_buffers_[buffer]);
-  if (shards_) shards_->set_idle_work(&draws_[buffer]);
+  if (pool_) pool_->set_idle_work(&draws_[buffer]);
 }
 
 template <typename Scalar>

@@ -1,8 +1,8 @@
 // One seed's stack with its stored states: the per-sublayer states x_0..x_S (weights regenerated
 // from the seed when needed, never stored) and the operations every figure module is built on:
-// forward, recompute, VJP and JVP of sublayer i (i == S: the output head). With two threads every
-// op runs as two fixed shards (shards.hpp) and the next sublayer's weights are drawn by whichever
-// core would otherwise wait; neither changes a number.
+// forward, recompute, VJP and JVP of sublayer i (i == S: the output head). With several threads
+// every op runs its pieces on a WorkPool (work_pool.hpp) and the next sublayer's weights are drawn
+// by whichever thread would otherwise wait; neither changes a number.
 #pragma once
 #include <Eigen/Core>
 #include <cstdint>
@@ -12,17 +12,23 @@
 #include "gradflow/analysis.hpp"
 #include "gradflow/graph.hpp"
 #include "gradflow/initialization.hpp"
-#include "gradflow/shards.hpp"
+#include "gradflow/work_pool.hpp"
 
 namespace gradflow {
 
 template <typename Scalar>
 using State = std::vector<Mat<Scalar>>;  // one (T, d) matrix per stream (K*T or P*T rows when stacked)
 
+// The forward pass keeps each sublayer's branch activations (BranchActivations: attention's q, k,
+// v, softmax outputs and context, the FFN's hidden units) for the probe backward while their total
+// stays within this budget, so that the backward skips the op's recompute for those sublayers
+// (about a fifth of a run's products); the rest are recomputed as before. Same bits either way.
+inline constexpr std::size_t kTapeBudgetBytes = std::size_t{640} << 20;
+
 template <typename Scalar>
 class StackRun {
  public:
-  // threads: 2 runs every op as two shards on two cores (a model branch only), 1 on this thread.
+  // threads: the ops' pieces run on that many threads (a model branch only; 1: on this thread).
   StackRun(const ModelConfig& config, const Architecture& arch, const Constants& constants,
            std::uint64_t seed, const AnalysisHooks& hooks, int threads);
 
@@ -34,13 +40,15 @@ class StackRun {
   SublayerContext context(int sublayer) const;
   double skip_weight(int sublayer) const { return skip_weights_[sublayer]; }
   void set_skip_weight(int sublayer, double weight) { skip_weights_[sublayer] = weight; }
-  ShardPair* shards() const { return shards_.get(); }
-  void release_shards() { shards_.reset(); }
+  WorkPool* pool() const { return pool_.get(); }
+  void release_pool() { pool_.reset(); }
 
   // The stored states: x_0 set by start(), x_{l+1} by forward(l).
   const std::vector<State<Scalar>>& states() const { return states_; }
   const State<Scalar>& state(int l) const { return states_[l]; }
   void start(const Mat<Scalar>& input);
+  // Releases the branch activations the forward kept and the backward has not used.
+  void drop_tapes();
   // Sublayer l forward from the stored x_l; stores x_{l+1} and its output norms' statistics, and
   // starts drawing sublayer l+1's weights. graph() and executor() then hold sublayer l's values.
   void forward(int l);
@@ -94,7 +102,9 @@ class StackRun {
   int loaded_[2] = {-1, -1};   // which sublayer's weights each buffer holds, complete
   int drawing_[2] = {-1, -1};  // which sublayer's weights each buffer is being drawn for
   WeightDraw<Scalar> draws_[2];
-  std::unique_ptr<ShardPair> shards_;  // null: one core
+  std::vector<BranchActivations<Scalar>> tapes_;  // per sublayer; empty when not kept
+  std::size_t tape_bytes_ = 0;
+  std::unique_ptr<WorkPool> pool_;  // null: one thread
 };
 
 extern template class StackRun<float>;

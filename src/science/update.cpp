@@ -153,11 +153,11 @@ void rule_step(UpdateRule rule, double lr, const Mat<Scalar>& g, double log_scal
 
 template <typename Scalar>
 double optimizer_step(UpdateRule rule, double lr, SublayerKind kind, const SublayerWeights<Scalar>& scaled,
-                      double log_scale, SublayerWeights<Scalar>& step, ShardPair* shards) {
+                      double log_scale, SublayerWeights<Scalar>& step, WorkPool* pool) {
   const auto from = matrices(scaled);
   const auto to = matrices(step);
   double inners[kMatrixKindCount] = {};
-  for_each_matrix(kind, shards, [&](int m) {
+  for_each_matrix(kind, pool, [&](int m) {
     rule_step(rule, lr, *from[m], log_scale, *to[m]);
     inners[m] = lane_dot(from[m]->data(), to[m]->data(), from[m]->size());
   });
@@ -202,8 +202,8 @@ void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, BranchContext<S
   const SublayerWeights<Scalar>& weights = *branch.weights;
   const SublayerKind kind = config.sublayer_kind(l);
   double loss = optimizer_step(config.update, config.learning_rates[i], kind, work.gradient, log_scale,
-                               work.step, branch.shards);
-  for_each_matrix(kind, branch.shards, [&](int m) {
+                               work.step, branch.pool);
+  for_each_matrix(kind, branch.pool, [&](int m) {
     pass.step_squares[m] += squared_norm(*matrices(work.step)[m]);
     *matrices(work.stepped)[m] = *matrices(weights)[m] + *matrices(work.step)[m];
   });
@@ -247,7 +247,7 @@ void compute_update(SeedAnalysis<Scalar>& analysis) {
   for (int l = 0; l < run.sublayers(); ++l) {
     auto branch = sublayer_weight_gradient(analysis, l, work.gradient,
                                            config.update_norm_gains ? &work.gain_gradient : nullptr);
-    for_each_matrix(config.sublayer_kind(l), branch.shards,
+    for_each_matrix(config.sublayer_kind(l), branch.pool,
                     [&](int m) { weight_squares[m] += squared_norm(*matrices(*branch.weights)[m]); });
     if (config.update_norm_gains) gain_squares += gain_count(work.gain_gradient);
     for (int i = 0; i < count; ++i) {
@@ -273,8 +273,8 @@ template double gain_step(UpdateRule, double, const std::vector<Mat<float>>&, do
 template double gain_step(UpdateRule, double, const std::vector<Mat<double>>&, double,
                           std::vector<Mat<double>>&);
 template double optimizer_step(UpdateRule, double, SublayerKind, const SublayerWeights<float>&, double,
-                               SublayerWeights<float>&, ShardPair*);
+                               SublayerWeights<float>&, WorkPool*);
 template double optimizer_step(UpdateRule, double, SublayerKind, const SublayerWeights<double>&, double,
-                               SublayerWeights<double>&, ShardPair*);
+                               SublayerWeights<double>&, WorkPool*);
 
 }  // namespace gradflow

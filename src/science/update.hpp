@@ -23,11 +23,11 @@ BranchContext<Scalar> sublayer_weight_gradient(SeedAnalysis<Scalar>& analysis, i
                                                std::vector<Mat<Scalar>>* gain_gradient = nullptr);
 
 // The step Delta theta_l of `rule` at learning rate lr from the gradient g = exp(log_scale) * scaled,
-// into `step`; returns <g, Delta theta_l> (update_loss) in double. With shards, each matrix on its
-// matrix_shard(), the per-matrix sums added in matrix order: the bits do not depend on threads.
+// into `step`; returns <g, Delta theta_l> (update_loss) in double. Each matrix is a piece of the
+// pool, the per-matrix sums added in matrix order: the bits do not depend on threads.
 template <typename Scalar>
 double optimizer_step(UpdateRule rule, double lr, SublayerKind kind, const SublayerWeights<Scalar>& scaled,
-                      double log_scale, SublayerWeights<Scalar>& step, ShardPair* shards = nullptr);
+                      double log_scale, SublayerWeights<Scalar>& step, WorkPool* pool = nullptr);
 
 // The same rule on the norms' gains (--update-params all): Delta gamma per value id from the
 // gradient exp(log_scale) * scaled; returns <dL/dgamma, Delta gamma>.
@@ -40,21 +40,11 @@ inline std::pair<int, int> matrix_range(SublayerKind kind) {
   return kind == SublayerKind::attn ? std::pair{0, 4} : std::pair{4, 7};
 }
 
-// The shard that handles matrix kind m in the elementwise work of a step, as the weight gradients
-// are split: W_Q, W_K | W_V, W_O and W_1 | W_2 (half the entries on each), W_3 with W_2.
-inline int matrix_shard(int m) {
-  return m == 0 || m == 1 || m == 4 ? 0 : 1;
-}
-
-// Runs work(m) for each of the kind's matrices, on matrix_shard(m) when shards are given.
+// Runs work(m) for each of the kind's matrices, a matrix per piece of the pool (when given).
 template <typename Work>
-void for_each_matrix(SublayerKind kind, ShardPair* shards, Work&& work) {
+void for_each_matrix(SublayerKind kind, WorkPool* pool, Work&& work) {
   const auto [first, last] = matrix_range(kind);
-  run_shards(shards, [&](int shard) {
-    for (int m = first; m < last; ++m) {
-      if (matrix_shard(m) == shard) work(m);
-    }
-  });
+  for_each_piece(pool, last - first, [&](int piece) { work(first + piece); });
 }
 
 // The sublayer's matrices in SublayerWeights' (and kMatrixKinds') order; empty ones are not set.

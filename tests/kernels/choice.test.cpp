@@ -13,7 +13,7 @@ TEST_CASE("the kernel choice defaults to every hand-written piece the build has"
   CHECK(choice.tiled_products == kTiledMultiply);
   CHECK(choice.tiled_double_gram == kTiledMultiply);
   CHECK(choice.radius_packet);
-  CHECK(choice.shard_pair);
+  CHECK(choice.work_pool);
 }
 
 TEST_CASE("GRADFLOW_KERNELS names library paths one piece at a time or all at once") {
@@ -21,14 +21,14 @@ TEST_CASE("GRADFLOW_KERNELS names library paths one piece at a time or all at on
   CHECK_FALSE(library.tiled_products);
   CHECK_FALSE(library.tiled_double_gram);
   CHECK_FALSE(library.radius_packet);
-  CHECK_FALSE(library.shard_pair);
-  const KernelChoice two = parse_kernel_choice("radius,shards");
+  CHECK_FALSE(library.work_pool);
+  const KernelChoice two = parse_kernel_choice("radius,pool");
   CHECK(two.tiled_products == kTiledMultiply);
   CHECK(two.tiled_double_gram == kTiledMultiply);
   CHECK_FALSE(parse_kernel_choice("gram").tiled_double_gram);
   CHECK(parse_kernel_choice("gram").tiled_products == kTiledMultiply);
   CHECK_FALSE(two.radius_packet);
-  CHECK_FALSE(two.shard_pair);
+  CHECK_FALSE(two.work_pool);
   CHECK_THROWS_AS(parse_kernel_choice("products,tiles"), InputError);
   CHECK_THROWS_AS(parse_kernel_choice("Library"), InputError);
 }
