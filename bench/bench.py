@@ -31,8 +31,7 @@ def forward_backward_flops(blocks, width=256, seq=64):
     """Matrix-product FLOPs gradflow executes for keel (one probe): the forward pass, the backward
     pass's recompute (which for post-norm placements stops before the W_O and W_2 products), the
     input-gradient backward, and the parameter-gradient Gram matrices, counted as symmetric rank-k
-    updates (T(T+1) n FLOPs for T x n rows, each Gram once although both shards form the shared
-    ones; in float32 gradflow forms the whole square, 2 T^2 n, so this undercounts)."""
+    updates (T(T+1) n FLOPs for T x n rows, each Gram once; in float32 gradflow forms the whole square, 2 T^2 n, so this undercounts)."""
     d, t, hidden = width, seq, 4 * width
     attention_core = 2 * 2 * t * t * d  # scores and context
     forward = 4 * 2 * t * d * d + attention_core + 2 * 2 * t * d * hidden

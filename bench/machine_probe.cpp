@@ -1,6 +1,6 @@
 // How fast the machine's two cores hand data to each other right now: one thread writes a 1 MB
-// buffer, the other reads it, in turns (what gradflow's two shards do with weights, activations
-// and partial sums, op after op). bench.py runs it at each round's start and end: on this shared
+// buffer, the other reads it, in turns (what an op's pieces on two threads do with weights and
+// activations, op after op). bench.py runs it at each round's start and end: on this shared
 // machine the host sometimes places the two vCPUs far apart (another CCD), and then a hand-off
 // costs three times as long and --threads 2 runs 1.5x slower, while either core alone and a
 // 2-thread GEMM that shares nothing run at full speed.

@@ -367,16 +367,8 @@ double estimated_memory_bytes(const ModelConfig& config, int stream_count) {
   // keel depth 1024, 284 MB (299 MB); Llama-3.2-1B's block at depth 2, 1.00 GB (1.06 GB).
   const double update =
       config.update == UpdateRule::none ? 0 : states + 3 * (attention_weights + ffn_weights);
-  // The forward pass's tape of branch activations (StackRun, at most kTapeBudgetBytes = 640 MB):
-  // attention's q, k, v, context, output and softmax outputs; the FFN's hidden units (gated: four
-  // (T, hidden) matrices) and output.
-  const double tape_per_block = (3 * t * d + 2 * t * kv_width + config.heads * t * t) +
-                                ((config.ffn == FfnKind::gelu ? 2 : 4) * t * h + t * d);
-  const double tape = config.branch == BranchKind::model
-                          ? std::min(640.0 * (1 << 20), tape_per_block * config.blocks * scalar)
-                          : 0.0;
   constexpr double kBaseline = 16 << 20;  // binary, libraries, result arrays
-  return (states + weights + working + update) * scalar + tape + figures + kBaseline;
+  return (states + weights + working + update) * scalar + figures + kBaseline;
 }
 
 // Measured on a 2-core machine: the defaults (keel, d = 256, T = 64, f32) take 2.7 ms per sublayer

@@ -138,21 +138,6 @@ void GraphExecutor<Scalar>::recompute(const SublayerGraph& graph, const std::vec
 }
 
 template <typename Scalar>
-void GraphExecutor<Scalar>::keep_branch(const SublayerGraph& graph, BranchActivations<Scalar>& kept) {
-  swap_activations(attention_, kept.attention);
-  swap_activations(ffn_, kept.ffn);
-  kept.output = values_[graph.branch_id()];
-}
-
-template <typename Scalar>
-void GraphExecutor<Scalar>::restore_branch(BranchActivations<Scalar>& kept) {
-  swap_activations(attention_, kept.attention);
-  swap_activations(ffn_, kept.ffn);
-  restored_output_.swap(kept.output);
-  restored_branch_ = true;
-}
-
-template <typename Scalar>
 void GraphExecutor<Scalar>::output_norm_stats(const SublayerGraph& graph,
                                               std::vector<Mat<Scalar>>& stats) const {
   stats.resize(graph.outputs().size());
@@ -185,12 +170,6 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
   for (const Node& node : graph.nodes()) {
     Mat<Scalar>& out = values_[id];
     const Mat<Scalar>& a = values_[node.lhs];
-    if (node.op == NodeOp::branch && restored_branch_) {  // the op's activations are restored
-      out.swap(restored_output_);
-      restored_branch_ = false;
-      ++id;
-      continue;
-    }
     if (known && after_branch_[id]) {
       if (node.op == NodeOp::branch) {  // the hidden activations only: no output projection
         if (context.kind == SublayerKind::attn) {

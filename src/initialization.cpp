@@ -84,7 +84,7 @@ void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arc
 }
 
 template <typename Scalar>
-bool WeightDraw<Scalar>::step() {
+bool WeightDraw<Scalar>::step() noexcept {
   if (next_.load(std::memory_order_relaxed) >= total_chunks_) return false;
   const int chunk = next_.fetch_add(1, std::memory_order_acquire);
   if (chunk >= total_chunks_) return false;

@@ -118,20 +118,6 @@ bool recompute_can_skip_branch_output(const SublayerGraph& graph);
 bool recompute_can_skip_branch_output(const SublayerGraph& graph, std::vector<char>& after_branch,
                                       std::vector<int>& consumers);
 
-// What a model branch's forward leaves for its backward, moved out of a GraphExecutor and kept per
-// sublayer (StackRun's tape), so that the backward pass need not run the op again.
-template <typename Scalar>
-struct BranchActivations {
-  AttentionCache<Scalar> attention;
-  FfnCache<Scalar> ffn;
-  Mat<Scalar> output;  // F's value
-  bool empty() const { return output.size() == 0; }
-  std::size_t bytes() const {
-    return activation_bytes(attention) + activation_bytes(ffn) +
-           static_cast<std::size_t>(output.size()) * sizeof(Scalar);
-  }
-};
-
 // Runs a SublayerGraph forward, keeping what the backward needs, then backward. Buffers are
 // reused across sublayers, so the per-sublayer loop does not allocate once shapes have settled.
 template <typename Scalar>
@@ -146,13 +132,6 @@ class GraphExecutor {
   void recompute(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
                  const BranchContext<Scalar>& context, const KnownOutputs<Scalar>& known);
   bool skipped_branch_output() const { return skipped_branch_output_; }
-  // After a forward of a model branch: moves the branch op's activations into `kept` (its buffers
-  // come back in exchange) and copies F's value there. The graph's values stay as they are.
-  void keep_branch(const SublayerGraph& graph, BranchActivations<Scalar>& kept);
-  // For the next forward or recompute only: the branch node takes `kept`'s activations and value
-  // (the bits its op produced) instead of running the op; kept is left with this executor's old
-  // buffers, for the caller to release.
-  void restore_branch(BranchActivations<Scalar>& kept);
   // After a backward through the branch that followed a recompute with the output skipped:
   // <dL/dF, F> per probe, from the branch's hidden activations.
   const std::vector<double>& branch_output_dots() const { return branch_output_dots_; }
@@ -209,8 +188,6 @@ class GraphExecutor {
   std::vector<char> after_branch_;  // per value id: depends on the branch output (recompute)
   std::vector<int> consumers_;      // recompute's scratch: uses of each value
   bool skipped_branch_output_ = false;
-  bool restored_branch_ = false;  // restore_branch() before this forward
-  Mat<Scalar> restored_output_;
   std::vector<double> branch_output_dots_;
   AttentionCache<Scalar> attention_;
   FfnCache<Scalar> ffn_;

@@ -29,8 +29,8 @@ class WeightDraw final : public IdleWork {
  public:
   void plan(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx,
             std::uint64_t seed, SublayerWeights<Scalar>& weights);
-  bool step() override;  // draws one unclaimed chunk; false when none is left
-  void finish();         // draws what is left, then waits for the chunks other threads claimed
+  bool step() noexcept override;  // draws one unclaimed chunk; false when none is left
+  void finish();                  // draws what is left, then waits for the chunks other threads claimed
 
  private:
   struct Matrix {

@@ -178,13 +178,6 @@ struct AttentionCache {                  // what the forward saves for the backw
   std::vector<Mat<Scalar>> shared_grams;        // shared_input_gram: x's, then d_out's per probe
   PiecePartials head_squares, projection_squares, output_dots;  // per-piece partial sums
 };
-// Swaps what attention_forward saves for the backward (q, k, v and their norm statistics and
-// unrotated copies, the rotary table, the softmax outputs, the context) between two caches, and
-// nothing else; the bytes those hold.
-template <typename Scalar>
-void swap_activations(AttentionCache<Scalar>& a, AttentionCache<Scalar>& b);
-template <typename Scalar>
-std::size_t activation_bytes(const AttentionCache<Scalar>& cache);
 // with_output = false stops before the output projection (out is left untouched): the backward
 // needs only the cached activations, and then output_dots gives <d_out_k, out> per probe.
 template <typename Scalar>
@@ -237,12 +230,6 @@ struct FfnCache {
   std::vector<Mat<Scalar>> shared_grams;  // shared_input_gram: x's, then d_out's per probe
   PiecePartials squares, output_dots;     // per-piece partial sums
 };
-// Swaps what ffn_forward saves for the backward (the hidden pre-activations and activations, and
-// a gated FFN's gate and activated halves) between two caches; the bytes those hold.
-template <typename Scalar>
-void swap_activations(FfnCache<Scalar>& a, FfnCache<Scalar>& b);
-template <typename Scalar>
-std::size_t activation_bytes(const FfnCache<Scalar>& cache);
 // with_output and output_dots as for attention: <d_out_k, out> = <d_out_k W_2^T, gelu(s x W_1)>.
 template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,

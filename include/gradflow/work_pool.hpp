@@ -23,7 +23,7 @@ namespace gradflow {
 // thread may call it, concurrently.
 class IdleWork {
  public:
-  virtual bool step() = 0;
+  virtual bool step() noexcept = 0;
 
  protected:
   ~IdleWork() = default;
@@ -47,6 +47,7 @@ class WorkPool {
   void set_idle_work(IdleWork* work);
   void clear_idle_work();
 
+  // One thread calls run() at a time, never from inside a piece; pieces < 2^20.
   // Runs piece(i) for every i in [0, pieces), each exactly once, on the calling thread and the
   // workers (whichever is free takes the next piece), and returns when all are done. If pieces
   // throw (std::bad_alloc, most likely), run() returns only once no piece is running, and rethrows
@@ -80,15 +81,17 @@ class WorkPool {
   // One word per run: epoch (high 24 bits), piece count (next 20), next unclaimed piece (low 20).
   // A piece is claimed by a compare-and-swap on it, so a thread that saw an older epoch can never
   // claim a piece of a newer run.
-  std::atomic<std::uint64_t> word_{0};
-  std::atomic<std::uint32_t> epoch_{0};  // the published epoch, what sleeping workers wait on
-  std::atomic<int> sleepers_{0};         // workers asleep (or about to be) on epoch_
-  std::atomic<int> remaining_{0};        // pieces of the current run not yet finished
-  Task task_ = nullptr;                  // the current run's piece function, set before word_
+  // The atomics that different threads write sit on cache lines of their own, so that a worker
+  // polling for the next run does not take away the line a piece is being claimed on.
+  alignas(64) std::atomic<std::uint64_t> word_{0};
+  Task task_ = nullptr;  // the current run's piece function, set before word_
   void* context_ = nullptr;
+  alignas(64) std::atomic<int> remaining_{0};        // pieces of the current run not yet finished
+  alignas(64) std::atomic<std::uint32_t> epoch_{0};  // the published epoch, what sleeping workers wait on
   std::atomic<bool> stop_{false};
-  std::atomic<IdleWork*> idle_{nullptr};
-  std::atomic<int> idle_users_{0};  // workers inside idle_->step()
+  alignas(64) std::atomic<int> sleepers_{0};  // workers asleep (or about to be) on epoch_
+  alignas(64) std::atomic<IdleWork*> idle_{nullptr};
+  alignas(64) std::atomic<int> idle_users_{0};  // workers inside idle_->step()
   std::mutex failure_mutex_;
   std::exception_ptr failure_;  // the lowest-numbered failed piece's exception
   int failed_piece_ = -1;

@@ -2,6 +2,7 @@
 // and shardable (i/n, for job arrays); the unsharded run also writes DIR/summary.json.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <omp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -40,10 +41,10 @@ struct SweepOptions {
   bool verbose = false, quiet = false, plan = false;
 };
 
-// --threads, or every core.
+// --threads, or OpenMP's thread count: every core the process may use, or OMP_NUM_THREADS (which
+// scripts/sweep-slurm sets to the task's --cpus-per-task).
 int sweep_threads(const SweepOptions& options) {
-  return options.threads > 0 ? options.threads
-                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return options.threads > 0 ? options.threads : std::max(1, omp_get_max_threads());
 }
 
 // A sweep killed by SIGKILL (which no handler sees) leaves its cells' temporary files,
@@ -466,9 +467,9 @@ Command setup_sweep(CLI::App& app) {
                   "identical for every J")
       ->check(CLI::PositiveNumber);
   sub->add_option("--threads", options->threads,
-                  "Threads in all, shared out between the --jobs cells at once; files are identical for "
-                  "every count")
-      ->default_str("all cores")
+                  "Threads shared out between the --jobs cells at once (each gets threads / J, at least "
+                  "one); files are identical for every count")
+      ->default_str("OMP_NUM_THREADS, else all cores")
       ->check(CLI::Range(1, kMaxJobs));
   sub->add_flag("-v,--verbose", options->verbose,
                 "One line per cell: skipped (already complete) or computed, with its time");

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <stdexcept>
 #include <utility>
 
 #include "gradflow/kernels.hpp"
@@ -62,6 +63,7 @@ void WorkPool::clear_idle_work() {
 }
 
 bool WorkPool::idle_step() {
+  if (idle_.load(std::memory_order_relaxed) == nullptr) return false;  // nothing to use: no handshake
   idle_users_.fetch_add(1);
   IdleWork* work = idle_.load();
   const bool stepped = work != nullptr && work->step();
@@ -96,6 +98,7 @@ void WorkPool::run_pieces(std::uint64_t epoch) {
 }
 
 void WorkPool::dispatch(int pieces, Task task, void* context) {
+  if (static_cast<std::uint64_t>(pieces) > kIndexMask) throw std::length_error("WorkPool: too many pieces");
   if (workers_.empty()) {  // one thread: in order, here
     for (int i = 0; i < pieces; ++i) task(context, i);
     return;

@@ -421,29 +421,6 @@ void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& op
   });
 }
 
-template <typename Scalar>
-void swap_activations(AttentionCache<Scalar>& a, AttentionCache<Scalar>& b) {
-  for (auto member : {&AttentionCache<Scalar>::q, &AttentionCache<Scalar>::k, &AttentionCache<Scalar>::v,
-                      &AttentionCache<Scalar>::q_unrotated, &AttentionCache<Scalar>::k_unrotated,
-                      &AttentionCache<Scalar>::q_inv, &AttentionCache<Scalar>::k_inv,
-                      &AttentionCache<Scalar>::v_inv, &AttentionCache<Scalar>::context})
-    (a.*member).swap(b.*member);
-  a.rotary.cos.swap(b.rotary.cos);
-  a.rotary.sin.swap(b.rotary.sin);
-  std::swap(a.rotary.rotary_dims, b.rotary.rotary_dims);
-  a.probs.swap(b.probs);
-}
-
-template <typename Scalar>
-std::size_t activation_bytes(const AttentionCache<Scalar>& cache) {
-  Eigen::Index entries = cache.rotary.cos.size() + cache.rotary.sin.size();
-  for (const Mat<Scalar>* m : {&cache.q, &cache.k, &cache.v, &cache.q_unrotated, &cache.k_unrotated,
-                               &cache.q_inv, &cache.k_inv, &cache.v_inv, &cache.context})
-    entries += m->size();
-  for (const Mat<Scalar>& m : cache.probs) entries += m.size();
-  return static_cast<std::size_t>(entries) * sizeof(Scalar);
-}
-
 #define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                              \
   template void attention_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&,               \
                                           const AttentionOptions&, AttentionCache<Scalar>&, Mat<Scalar>&,   \
@@ -456,9 +433,7 @@ std::size_t activation_bytes(const AttentionCache<Scalar>& cache) {
                                       Mat<Scalar>&, const SublayerWeights<Scalar>*);                        \
   template void attention_weight_gradients<Scalar>(const Mat<Scalar>&, const AttentionOptions&,             \
                                                    const AttentionCache<Scalar>&, const Mat<Scalar>&,       \
-                                                   SublayerWeights<Scalar>&, WorkPool*);                    \
-  template void swap_activations<Scalar>(AttentionCache<Scalar>&, AttentionCache<Scalar>&);                 \
-  template std::size_t activation_bytes<Scalar>(const AttentionCache<Scalar>&);
+                                                   SublayerWeights<Scalar>&, WorkPool*);
 GRADFLOW_INSTANTIATE_ATTENTION(float)
 GRADFLOW_INSTANTIATE_ATTENTION(double)
 

@@ -329,20 +329,6 @@ void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const
 }
 
 template <typename Scalar>
-void swap_activations(FfnCache<Scalar>& a, FfnCache<Scalar>& b) {
-  for (auto member : {&FfnCache<Scalar>::hidden_pre, &FfnCache<Scalar>::hidden, &FfnCache<Scalar>::gate_pre,
-                      &FfnCache<Scalar>::activated})
-    (a.*member).swap(b.*member);
-}
-
-template <typename Scalar>
-std::size_t activation_bytes(const FfnCache<Scalar>& cache) {
-  const Eigen::Index entries =
-      cache.hidden_pre.size() + cache.hidden.size() + cache.gate_pre.size() + cache.activated.size();
-  return static_cast<std::size_t>(entries) * sizeof(Scalar);
-}
-
-template <typename Scalar>
 void rotation_forward(const Mat<Scalar>& x, Mat<Scalar>& out) {
   out.resize(x.rows(), x.cols());
   for (Eigen::Index c = 0; c + 1 < x.cols(); c += 2) {  // (a, b) -> (-b, a)
@@ -377,9 +363,7 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
   template void ffn_weight_gradients<Scalar>(const Mat<Scalar>&, const FfnOptions&, const FfnCache<Scalar>&, \
                                              const Mat<Scalar>&, SublayerWeights<Scalar>&, WorkPool*);       \
   template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                  \
-  template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                 \
-  template void swap_activations<Scalar>(FfnCache<Scalar>&, FfnCache<Scalar>&);                              \
-  template std::size_t activation_bytes<Scalar>(const FfnCache<Scalar>&);
+  template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_FFN(float)
 GRADFLOW_INSTANTIATE_FFN(double)
 

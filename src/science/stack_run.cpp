@@ -52,14 +52,6 @@ void StackRun<Scalar>::start(const Mat<Scalar>& input) {
   states_.assign(sublayers_ + 1, {});
   output_norm_stats_.resize(sublayers_);
   states_[0].assign(arch_.initial_streams, input);
-  drop_tapes();
-}
-
-template <typename Scalar>
-void StackRun<Scalar>::drop_tapes() {
-  tapes_.clear();
-  tapes_.shrink_to_fit();
-  tape_bytes_ = 0;
 }
 
 template <typename Scalar>
@@ -70,10 +62,6 @@ void StackRun<Scalar>::forward(int l) {
   next.resize(graph_.outputs().size());
   for (std::size_t s = 0; s < next.size(); ++s) next[s] = executor_.value(graph_.outputs()[s]);
   executor_.output_norm_stats(graph_, output_norm_stats_[l]);  // for the backward's recompute
-  if (config_.branch != BranchKind::model || tape_bytes_ >= kTapeBudgetBytes) return;
-  tapes_.resize(sublayers_);
-  executor_.keep_branch(graph_, tapes_[l]);
-  tape_bytes_ += tapes_[l].bytes();
 }
 
 template <typename Scalar>
@@ -105,17 +93,11 @@ BranchContext<Scalar> StackRun<Scalar>::recompute(int i) {
 template <typename Scalar>
 BranchContext<Scalar> StackRun<Scalar>::recompute_for_backward(int l, bool in_full, int next) {
   const auto branch = prepare_sublayer(l, next);
-  const bool taped = l < static_cast<int>(tapes_.size()) && !tapes_[l].empty();
-  if (taped) executor_.restore_branch(tapes_[l]);  // the branch node then runs no op
   if (in_full) {
     executor_.forward(graph_, states_[l], branch);
   } else {
     executor_.recompute(graph_, states_[l], branch,
                         KnownOutputs<Scalar>{&states_[l + 1], &output_norm_stats_[l]});
-  }
-  if (taped) {  // the tape now holds the executor's previous buffers: released
-    tape_bytes_ -= std::min(tape_bytes_, tapes_[l].bytes());
-    tapes_[l] = BranchActivations<Scalar>{};
   }
   return branch;
 }

@@ -19,12 +19,6 @@ namespace gradflow {
 template <typename Scalar>
 using State = std::vector<Mat<Scalar>>;  // one (T, d) matrix per stream (K*T or P*T rows when stacked)
 
-// The forward pass keeps each sublayer's branch activations (BranchActivations: attention's q, k,
-// v, softmax outputs and context, the FFN's hidden units) for the probe backward while their total
-// stays within this budget, so that the backward skips the op's recompute for those sublayers
-// (about a fifth of a run's products); the rest are recomputed as before. Same bits either way.
-inline constexpr std::size_t kTapeBudgetBytes = std::size_t{640} << 20;
-
 template <typename Scalar>
 class StackRun {
  public:
@@ -47,8 +41,6 @@ class StackRun {
   const std::vector<State<Scalar>>& states() const { return states_; }
   const State<Scalar>& state(int l) const { return states_[l]; }
   void start(const Mat<Scalar>& input);
-  // Releases the branch activations the forward kept and the backward has not used.
-  void drop_tapes();
   // Sublayer l forward from the stored x_l; stores x_{l+1} and its output norms' statistics, and
   // starts drawing sublayer l+1's weights. graph() and executor() then hold sublayer l's values.
   void forward(int l);
@@ -102,8 +94,6 @@ class StackRun {
   int loaded_[2] = {-1, -1};   // which sublayer's weights each buffer holds, complete
   int drawing_[2] = {-1, -1};  // which sublayer's weights each buffer is being drawn for
   WeightDraw<Scalar> draws_[2];
-  std::vector<BranchActivations<Scalar>> tapes_;  // per sublayer; empty when not kept
-  std::size_t tape_bytes_ = 0;
   std::unique_ptr<WorkPool> pool_;  // null: one thread
 };
 

@@ -58,7 +58,7 @@ struct RecordedRun {
 // its core) while the caller runs pieces.
 struct BlockingStep final : IdleWork {
   std::atomic<bool> entered{false}, released{false}, stepped{false};
-  bool step() override {
+  bool step() noexcept override {
     if (stepped.exchange(true)) return false;
     entered.store(true);
     while (!released.load()) std::this_thread::yield();

@@ -1,6 +1,6 @@
 // The weight products (gemm.hpp): C = A B and C = A B^T on row-major blocks, against a double
 // reference, over shapes that leave partial tiles on every side, strided blocks and k = 0; and
-// each entry's bits independent of how C is split, which the two shards rely on.
+// each entry's bits independent of how C is split, which the ops' column-block pieces rely on.
 #include "gradflow/gemm.hpp"
 
 #include <doctest/doctest.h>
@@ -107,7 +107,7 @@ TEST_CASE("the three products write nothing outside C") {
 TEST_CASE("each entry of a product on the tiles has the same bits however C is split into column blocks") {
   // A property of the AVX-512 tiles (one in-order sum per entry). The library path (portable builds)
   // does not promise it; results there still do not depend on the thread count because an op's
-  // shards are the same column blocks on one thread or two (tests/kernels/two_shards.test.cpp).
+  // pieces are the same column blocks on one thread or sixteen (tests/ops/thread_counts.test.cpp).
   if (!kernel_choice().tiled_products) return;
   const Mat<float> a = random_float(64, 256, 11), b = random_float(256, 1024, 12),
                    b_t = random_float(1024, 256, 13);
