@@ -22,13 +22,14 @@ namespace {
 // Compares one figure value pair and records a regression when it exceeds its tolerance.
 struct FigureComparer {
   const Tolerances& tolerances;
+  const std::vector<SummaryField>& fields;
   Comparison& comparison;
   std::string placement, run;
 
   void compare(const std::string& figure, const std::string& layer, const json& old_value,
                const json& new_value) {
     ++comparison.figures_compared;
-    const double tolerance = tolerances.for_figure(figure);
+    const double tolerance = tolerances.for_figure(figure, fields);
     const auto flag = [&](double difference, std::string note) {
       comparison.regressions.push_back(
           {placement, run, figure, layer, old_value, new_value, difference, tolerance, std::move(note)});
@@ -43,7 +44,7 @@ struct FigureComparer {
     const double a = old_value.get<double>(), b = new_value.get<double>();
     double difference = std::abs(b - a);
     std::string note;
-    if (figure_scale(figure) == FigureScale::linear) {
+    if (figure_scale(figure, fields) == FigureScale::linear) {
       if (a > 0 && b > 0) {
         difference = std::abs(std::log10(b / a));
       } else if (a != b) {
@@ -69,6 +70,31 @@ struct FigureComparer {
     }
     for (std::size_t i = 0; i < old_values.size(); ++i)
       compare(figure, layer_name(i), old_values[i], new_values[i]);
+  }
+
+  // Every number, word and extremum of the summary table (of the sweep rows' fields when
+  // `sweep_row`) that the baseline has: a field added after the baseline was written is skipped.
+  void compare_summary(const json& old_summary, const json& new_summary, bool sweep_row) {
+    for (const SummaryField& field : fields) {
+      const std::string key(field.key);
+      if ((sweep_row && !field.in_sweep_cell) || !old_summary.contains(key)) continue;
+      const json& old_value = old_summary.at(key);
+      const json new_value = new_summary.value(key, json());
+      switch (field.kind) {
+        case SummaryKind::number:
+        case SummaryKind::word:
+          compare(key, "summary", old_value, new_value);
+          break;
+        case SummaryKind::extremum:
+          compare(key, fmt::format("summary (sublayer {})", old_value.value("sublayer", json()).dump()),
+                  old_value.value("value", json()),
+                  new_value.is_object() ? new_value.value("value", json()) : json());
+          break;
+        case SummaryKind::event:      // the figures it stops are compared
+        case SummaryKind::structure:  // another field's figures gate it
+          break;
+      }
+    }
   }
 
   void compare_columns(const json& old_columns, const json& new_columns, const std::set<std::string>& skip,
@@ -116,7 +142,7 @@ bool same_config(const json& result_config, const json& baseline_config, const s
 // per-state figures, each stream's when there are several, the per-sublayer figures and the
 // summary; result runs absent from the baseline are noted, not compared.
 void compare_analyze(const json& result, const json& baseline, const Tolerances& tolerances,
-                     Comparison& comparison) {
+                     const std::vector<SummaryField>& fields, Comparison& comparison) {
   std::set<std::string> matched;
   for (const json& old_run : baseline.at("runs")) {
     const std::string arch = old_run.at("arch").get<std::string>();
@@ -130,7 +156,7 @@ void compare_analyze(const json& result, const json& baseline, const Tolerances&
     }
     for (const json& old_seed : old_run.at("seeds")) {
       const std::string run = fmt::format("seed {}", old_seed.at("seed").dump());
-      FigureComparer comparer{tolerances, comparison, arch, run};
+      FigureComparer comparer{tolerances, fields, comparison, arch, run};
       const json* new_seed = nullptr;
       if (new_run) {
         for (const json& candidate : new_run->at("seeds")) {
@@ -165,16 +191,7 @@ void compare_analyze(const json& result, const json& baseline, const Tolerances&
                                {"index", "kind", "block"}, "", sublayer_name);
       const json& old_summary = old_seed.at("summary");
       const json& new_summary = new_seed->at("summary");
-      for (const char* figure : {"log10_grad_ratio", "growth_exponent", "growth_class"}) {
-        comparer.compare(figure, "summary", old_summary.value(figure, json()),
-                         new_summary.value(figure, json()));
-      }
-      for (const char* figure : {"gain_min", "gain_max"}) {
-        comparer.compare(
-            figure,
-            fmt::format("summary (sublayer {})", old_summary.at(figure).value("sublayer", json()).dump()),
-            old_summary.at(figure).value("value", json()), new_summary.at(figure).value("value", json()));
-      }
+      comparer.compare_summary(old_seed.at("summary"), new_seed->at("summary"), false);
     }
   }
   for (const json& new_run : result.at("runs")) {
@@ -190,7 +207,7 @@ void compare_analyze(const json& result, const json& baseline, const Tolerances&
 // sweep documents: the shared model first (any difference is a mismatch), then each cell's
 // summary figures, then each (arch, width) cross-depth fit.
 void compare_sweep(const json& result, const json& baseline, const Tolerances& tolerances,
-                   Comparison& comparison) {
+                   const std::vector<SummaryField>& fields, Comparison& comparison) {
   for (const auto& [field, value] : baseline.at("model").items()) {
     if (result.at("model").value(field, json()) != value) {
       comparison.mismatches.push_back({"(all)", field, result.at("model").value(field, json()), value});
@@ -201,7 +218,7 @@ void compare_sweep(const json& result, const json& baseline, const Tolerances& t
     const std::string arch = old_cell.at("arch").get<std::string>();
     const std::string run = fmt::format("B{} d{} seed {}", old_cell.at("blocks").dump(),
                                         old_cell.at("width").dump(), old_cell.at("seed").dump());
-    FigureComparer comparer{tolerances, comparison, arch, run};
+    FigureComparer comparer{tolerances, fields, comparison, arch, run};
     const json* new_cell = nullptr;
     for (const json& candidate : result.at("cells")) {
       if (candidate.at("arch") == old_cell.at("arch") && candidate.at("blocks") == old_cell.at("blocks") &&
@@ -215,17 +232,14 @@ void compare_sweep(const json& result, const json& baseline, const Tolerances& t
       continue;
     }
     ++comparison.runs_compared;
-    for (const char* figure : {"rms_final", "log10_grad_ratio", "growth_exponent", "growth_class"}) {
-      comparer.compare(figure, "summary", old_cell.value(figure, json()), new_cell->value(figure, json()));
-    }
-    for (const char* figure : {"gain_min", "gain_max"}) {
-      comparer.compare(figure, "summary", old_cell.at(figure).value("value", json()),
-                       new_cell->at(figure).value("value", json()));
-    }
+    comparer.compare("rms_final", "summary", old_cell.value("rms_final", json()),
+                     new_cell->value("rms_final", json()));
+    comparer.compare_summary(old_cell, *new_cell, true);
   }
   for (const json& old_fit : baseline.at("summary").at("fits")) {
     const std::string arch = old_fit.at("arch").get<std::string>();
-    FigureComparer comparer{tolerances, comparison, arch, fmt::format("fit d{}", old_fit.at("width").dump())};
+    FigureComparer comparer{tolerances, fields, comparison, arch,
+                            fmt::format("fit d{}", old_fit.at("width").dump())};
     for (const json& new_fit : result.at("summary").at("fits")) {
       if (new_fit.at("arch") != old_fit.at("arch") || new_fit.at("width") != old_fit.at("width")) continue;
       comparer.compare("growth_exponent", "across depths", old_fit.at("growth_exponent").at("value"),
@@ -237,7 +251,8 @@ void compare_sweep(const json& result, const json& baseline, const Tolerances& t
 }
 }  // namespace
 
-FigureScale figure_scale(std::string_view figure) {
+FigureScale figure_scale(std::string_view figure, const std::vector<SummaryField>& fields) {
+  if (const SummaryField* field = find_summary_field(figure, fields)) return field->scale;
   const auto last_dot = figure.rfind('.');
   const std::string_view name = last_dot == std::string_view::npos ? figure : figure.substr(last_dot + 1);
   if (name.starts_with("log10_")) return FigureScale::log_space;
@@ -245,9 +260,11 @@ FigureScale figure_scale(std::string_view figure) {
   return FigureScale::linear;
 }
 
-double Tolerances::for_figure(const std::string& figure) const {
+double Tolerances::for_figure(const std::string& figure, const std::vector<SummaryField>& fields) const {
   if (const auto found = per_figure.find(figure); found != per_figure.end()) return found->second;
-  switch (figure_scale(figure)) {
+  if (const SummaryField* field = find_summary_field(figure, fields); field && field->tolerance)
+    return *field->tolerance;
+  switch (figure_scale(figure, fields)) {
     case FigureScale::log_space:
       return log_space;
     case FigureScale::exponent:
@@ -286,7 +303,8 @@ Tolerances tolerances_from_json(const json& doc, const std::string& origin) {
   return tolerances;
 }
 
-Comparison compare_documents(const json& result, const json& baseline, const Tolerances& tolerances) {
+Comparison compare_documents(const json& result, const json& baseline, const Tolerances& tolerances,
+                             const std::vector<SummaryField>& fields) {
   require_document(result, "result");
   require_document(baseline, "baseline");
   if (is_sweep(result) != is_sweep(baseline)) {
@@ -297,9 +315,9 @@ Comparison compare_documents(const json& result, const json& baseline, const Tol
   Comparison comparison;
   try {
     if (is_sweep(baseline)) {
-      compare_sweep(result, baseline, tolerances, comparison);
+      compare_sweep(result, baseline, tolerances, fields, comparison);
     } else {
-      compare_analyze(result, baseline, tolerances, comparison);
+      compare_analyze(result, baseline, tolerances, fields, comparison);
     }
   } catch (const json::exception& error) {
     throw InputError(

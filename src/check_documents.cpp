@@ -112,17 +112,22 @@ void check_sublayers(const SchemaCheck& check, const json& columns, const std::s
   }
 }
 
-// A seed's or a sweep cell's summary figures that the comparison reads.
+// A seed's or a sweep cell's summary figures that the comparison reads: rms_final (cells) and
+// every number, word and extremum of summary_fields() (a number or word may be null or, in a
+// document from before the field, absent; an extremum is an object).
 void check_summary(const SchemaCheck& check, const json& summary, const std::string& where) {
-  for (const char* key : {"log10_grad_ratio", "growth_exponent", "rms_final"})
-    check.optional_value(summary, where, key);
-  check.optional_value(summary, where, "growth_class", true);
-  for (const char* key : {"gain_min", "gain_max"}) {
-    const json& gain = check.field(summary, where, key, json::value_t::object);
-    check.optional_value(gain, where + "." + key, "value");
-    const auto sublayer = gain.find("sublayer");
-    if (sublayer != gain.end() && !sublayer->is_null() && !sublayer->is_number_integer())
-      check.fail(where + "." + key + ".sublayer", fmt::format("is {}, not an integer", sublayer->dump()));
+  check.optional_value(summary, where, "rms_final");
+  for (const SummaryField& field : summary_fields()) {
+    const std::string key(field.key);
+    if (field.kind == SummaryKind::number || field.kind == SummaryKind::word) {
+      check.optional_value(summary, where, key.c_str(), field.kind == SummaryKind::word);
+    } else if (field.kind == SummaryKind::extremum) {
+      const json& extremum = check.field(summary, where, key.c_str(), json::value_t::object);
+      check.optional_value(extremum, where + "." + key, "value");
+      const auto sublayer = extremum.find("sublayer");
+      if (sublayer != extremum.end() && !sublayer->is_null() && !sublayer->is_number_integer())
+        check.fail(where + "." + key + ".sublayer", fmt::format("is {}, not an integer", sublayer->dump()));
+    }
   }
 }
 

@@ -6,20 +6,23 @@
 #include <string>
 #include <vector>
 
+#include "gradflow/report.hpp"
+
 namespace gradflow {
 
-// How a figure's difference is measured: log-space figures (log10_*) by absolute difference in
-// decades; positive linear figures (rms, gain, *_gain, branch_rms, stream_share, ...) by
-// |log10(new / old)|, also in decades; exponents and slopes by absolute difference.
-enum class FigureScale { log_space, linear, exponent };
-FigureScale figure_scale(std::string_view figure);
+// How a figure's difference is measured (FigureScale, report.hpp): a summary figure's scale is
+// its summary_fields() row's; any other by its name: log10_* in log space, *exponent* as an
+// exponent, the rest (rms, gain, *_gain, branch_rms, stream_share, ...) linear.
+FigureScale figure_scale(std::string_view figure, const std::vector<SummaryField>& fields = summary_fields());
 
 struct Tolerances {
   double log_space = 0.05;                   // decades
   double linear = 0.05;                      // decades of the ratio new / old (about 12%)
   double exponent = 0.05;                    // growth exponent, absolute
   std::map<std::string, double> per_figure;  // overrides by figure name (e.g. "gain": 0.1)
-  double for_figure(const std::string& figure) const;
+  // per_figure's, else the summary table's stated tolerance (`fields`), else its scale's.
+  double for_figure(const std::string& figure,
+                    const std::vector<SummaryField>& fields = summary_fields()) const;
 };
 // {"log_space": x, "linear": x, "exponent": x, "figures": {"gain": x, ...}}; every key optional.
 // Throws InputError naming `origin` and the bad key or value.
@@ -57,8 +60,10 @@ struct Comparison {
 // and seed (and depth and width, for sweeps). Runs of different configurations are recorded in
 // `mismatches` (field and both values) and not compared. Throws InputError when a document is not
 // a gradflow document.
+// Summary figures are compared as `fields` (summary_fields()) says.
 Comparison compare_documents(const nlohmann::ordered_json& result, const nlohmann::ordered_json& baseline,
-                             const Tolerances& tolerances);
+                             const Tolerances& tolerances,
+                             const std::vector<SummaryField>& fields = summary_fields());
 
 // ARCH.FIELD[.SUBFIELD] OP VALUE, OP one of < <= > >= == !=; VALUE a number or a word.
 struct Expectation {

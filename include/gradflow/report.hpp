@@ -1,6 +1,7 @@
 // Reporters: one function per output format, each writing a finished analysis to a stream.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -61,6 +62,49 @@ std::vector<std::string> compared_config_keys();
 nlohmann::ordered_json recorded_config_value(const nlohmann::ordered_json& config, std::string_view key);
 // The flag that sets a config key or placement option, for advice; the key itself when none does.
 std::string config_flag(std::string_view key);
+
+// ---- the summary figures in documents (summary_fields.cpp)
+// How a figure's difference is measured by `check`: log-space figures (log10_*) by absolute
+// difference in decades; positive linear figures (rms, gain, effective_depth, ...) by
+// |log10(new / old)|, also in decades; exponents and slopes by absolute difference.
+enum class FigureScale { log_space, linear, exponent };
+
+// What one summary entry holds, which says how the JSON aggregate, the sweep rows and CSV and
+// `check` treat it: a number; an extremum {"value", "sublayer"} (check compares the value and
+// names the sublayer; CSV has KEY and KEY_sublayer); a word that must not change; an event, null
+// or an object with a "sublayer" (CSV: KEY_sublayer; not compared, the figures it stops are); or a
+// structure that another entry's figures already gate (the fit whose exponent is growth_exponent).
+enum class SummaryKind { number, extremum, word, event, structure };
+
+// One entry of a seed's "summary". summary_fields() lists them in document order: the per-seed
+// JSON, the across-seed aggregate, a sweep's rows and CSV, the document check and `check`'s
+// comparison all loop over this one list, so a new summary figure is one row here.
+struct SummaryField {
+  std::string_view key;
+  SummaryKind kind;
+  nlohmann::ordered_json (*value)(const SeedResult&);  // the per-seed JSON
+  // The across-seed aggregate: the spread of a sample (numbers, extrema), or a value of its own
+  // (words: the seeds' common one); neither: not aggregated.
+  double (*sample)(const SeedResult&) = nullptr;
+  nlohmann::ordered_json (*across_seeds)(const std::vector<SeedResult>&) = nullptr;
+  bool in_sweep_cell = false;  // a column of the sweep's rows and CSV
+  FigureScale scale = FigureScale::linear;
+  std::optional<double> tolerance;  // check's tolerance; none: the --tolerances value of its scale
+  // Whether documents record it for this seed (null: always); --update's entry only with it.
+  bool (*present)(const SeedResult&) = nullptr;
+};
+const std::vector<SummaryField>& summary_fields();
+// A seed's "summary" object: every field of `fields` that is present, in order.
+nlohmann::ordered_json summary_to_json(const SeedResult& seed,
+                                       const std::vector<SummaryField>& fields = summary_fields());
+// The across-seed "summary": the mean, std and t-interval of every sampled field, the common word.
+nlohmann::ordered_json aggregate_summary_to_json(const std::vector<SeedResult>& seeds,
+                                                 const std::vector<SummaryField>& fields = summary_fields());
+// The summary field named `key`, or null.
+const SummaryField* find_summary_field(std::string_view key,
+                                       const std::vector<SummaryField>& fields = summary_fields());
+// {"mean", "std", "ci95_low", "ci95_high"} of samples (statistics.hpp's spread).
+nlohmann::ordered_json spread_to_json(const std::vector<double>& samples);
 
 // The resolved configuration of one placement's run (every default explicit, constants included).
 nlohmann::ordered_json config_to_json(const ArchResult& result);

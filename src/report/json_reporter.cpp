@@ -34,32 +34,6 @@ json index_range(int count) {
   return out;
 }
 
-json growth_to_json(const GrowthFit& fit) {
-  return {{"exponent", json_number(fit.exponent)},
-          {"standard_error", json_number(fit.standard_error)},
-          {"class", fit.growth_class},
-          {"fitted_states", {fit.first_state, fit.first_state + fit.points - 1}}};
-}
-
-// --update: one object per learning rate (metrics.md, "The model update").
-json updates_to_json(const std::vector<UpdateStep>& updates) {
-  json out = json::array();
-  for (const UpdateStep& step : updates) {
-    json step_rel = json::object();
-    for (int m = 0; m < kMatrixKindCount; ++m) {
-      if (!std::isnan(step.step_rel[m])) step_rel[kMatrixKinds[m]] = json_number(step.step_rel[m]);
-    }
-    if (!std::isnan(step.step_rel_norm_gain)) step_rel["norm_gain"] = json_number(step.step_rel_norm_gain);
-    out.push_back({{"learning_rate", step.learning_rate},
-                   {"output_update_rel", json_number(step.output_update_rel)},
-                   {"delta_loss", json_number(step.delta_loss)},
-                   {"delta_loss_first_order", json_number(step.delta_loss_first_order)},
-                   {"step_rel", step_rel},
-                   {"diverged_state", step.diverged_state < 0 ? json(nullptr) : json(step.diverged_state)}});
-  }
-  return out;
-}
-
 json seed_to_json(const SeedResult& seed, bool timing) {
   json states = {{"index", index_range(static_cast<int>(seed.states.values.front().size()))}};
   states.update(columns_to_json(seed.states));
@@ -73,27 +47,7 @@ json seed_to_json(const SeedResult& seed, bool timing) {
       {"index", index_range(static_cast<int>(seed.kinds.size()))}, {"kind", kinds}, {"block", seed.blocks}};
   sublayers.update(columns_to_json(seed.sublayers));
 
-  json stream_growth = json::object();
-  for (const auto& stream : seed.streams) stream_growth[stream.name] = growth_to_json(stream.growth);
-  json summary = {
-      {"log10_grad_ratio", json_number(seed.log10_grad_ratio)},
-      {"gain_min", {{"value", json_number(seed.gain_min.value)}, {"sublayer", seed.gain_min.sublayer}}},
-      {"gain_max", {{"value", json_number(seed.gain_max.value)}, {"sublayer", seed.gain_max.sublayer}}},
-      {"growth_exponent", json_number(seed.growth.exponent)},
-      {"growth_exponent_se", json_number(seed.growth.standard_error)},
-      {"growth_class", seed.growth.growth_class},
-      {"growth_fit", growth_to_json(seed.growth)},
-      {"stream_growth", stream_growth},
-      {"effective_depth", json_number(seed.effective_depth)},
-      {"stream_decomposition_input", json_number(seed.stream_decomposition_input)},
-      {"diverged", nullptr},
-  };
-  if (seed.diverged) {
-    summary["diverged"] = {{"sublayer", seed.diverged->sublayer},
-                           {"phase", seed.diverged->phase},
-                           {"reason", seed.diverged->reason}};
-  }
-  if (!seed.updates.empty()) summary["update"] = updates_to_json(seed.updates);
+  const json summary = summary_to_json(seed);
   json out = {{"seed", seed.seed}, {"states", states}, {"sublayers", sublayers}, {"summary", summary}};
   if (seed.checkpoint) {  // --checkpoint: the loss and the layers' angular distances (metrics.md)
     const CheckpointFigures& figures = *seed.checkpoint;
@@ -130,14 +84,6 @@ json spread_arrays(const std::vector<const std::vector<double>*>& per_seed) {
           {"ci95_high", json_numbers(high)}};
 }
 
-json spread_to_json(const std::vector<double>& samples) {
-  const Spread sp = spread(samples);
-  return {{"mean", json_number(sp.mean)},
-          {"std", json_number(sp.std)},
-          {"ci95_low", json_number(sp.ci95_low)},
-          {"ci95_high", json_number(sp.ci95_high)}};
-}
-
 json aggregate_columns(const std::vector<SeedResult>& seeds, const FigureColumns SeedResult::*member) {
   json out = json::object();
   const FigureColumns& first = seeds.front().*member;
@@ -149,39 +95,12 @@ json aggregate_columns(const std::vector<SeedResult>& seeds, const FigureColumns
   return out;
 }
 
-// The seeds' class when they agree (a collapsed stream is "vanishing" though its exponent may be
-// unfit), else the class of the mean exponent.
-std::string_view common_growth_class(const std::vector<SeedResult>& seeds,
-                                     const std::vector<double>& exponents) {
-  for (const auto& seed : seeds) {
-    if (seed.growth.growth_class != seeds.front().growth.growth_class)
-      return growth_class(spread(exponents).mean);
-  }
-  return seeds.front().growth.growth_class;
-}
-
 json aggregate_to_json(const std::vector<SeedResult>& seeds) {
-  std::vector<double> ratio, exponent, gain_min, gain_max, effective_depth, input_share;
-  for (const auto& seed : seeds) {
-    effective_depth.push_back(seed.effective_depth);
-    input_share.push_back(seed.stream_decomposition_input);
-    ratio.push_back(seed.log10_grad_ratio);
-    exponent.push_back(seed.growth.exponent);
-    gain_min.push_back(seed.gain_min.value);
-    gain_max.push_back(seed.gain_max.value);
-  }
   return {{"seed_count", seeds.size()},
           {"interval", "95% t-interval of the mean across seeds"},
           {"states", aggregate_columns(seeds, &SeedResult::states)},
           {"sublayers", aggregate_columns(seeds, &SeedResult::sublayers)},
-          {"summary",
-           {{"log10_grad_ratio", spread_to_json(ratio)},
-            {"growth_exponent", spread_to_json(exponent)},
-            {"growth_class", common_growth_class(seeds, exponent)},
-            {"gain_min", spread_to_json(gain_min)},
-            {"gain_max", spread_to_json(gain_max)},
-            {"effective_depth", spread_to_json(effective_depth)},
-            {"stream_decomposition_input", spread_to_json(input_share)}}}};
+          {"summary", aggregate_summary_to_json(seeds)}};
 }
 }  // namespace
 

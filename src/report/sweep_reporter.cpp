@@ -161,13 +161,11 @@ json sweep_document(const json& manifest, const std::vector<json>& cells) {
                     {"width", f.cell.width},
                     {"seed", f.cell.seed},
                     {"file", "cells/" + cell_file_name(f.cell)},
-                    {"rms_final", json_number(f.rms_final)},
-                    {"log10_grad_ratio", summary["log10_grad_ratio"]},
-                    {"growth_exponent", summary["growth_exponent"]},
-                    {"growth_class", summary["growth_class"]},
-                    {"gain_min", summary["gain_min"]},
-                    {"gain_max", summary["gain_max"]},
-                    {"diverged", summary["diverged"]}});
+                    {"rms_final", json_number(f.rms_final)}});
+    for (const SummaryField& field : summary_fields()) {
+      // A cell written before a field was added lacks it: null, as a non-finite figure.
+      if (field.in_sweep_cell) rows.back()[std::string(field.key)] = summary.value(field.key, json());
+    }
     // --update: output_update_rel per learning rate (the model's learning_rates order).
     if (!f.output_update_rel.empty()) rows.back()["output_update_rel"] = json_numbers(f.output_update_rel);
     figures.push_back(f);
@@ -213,21 +211,43 @@ json sweep_document(const json& manifest, const std::vector<json>& cells) {
   return doc;
 }
 
+// The CSV columns of a sweep row: the cell's identity and rms_final, then every summary field of
+// the sweep rows (an extremum as KEY and KEY_sublayer, an event as KEY_sublayer).
 void write_sweep_csv(const json& sweep, std::ostream& out) {
-  static const char* kColumns[] = {"arch",      "blocks",           "sublayers",       "width",       "seed",
-                                   "rms_final", "log10_grad_ratio", "growth_exponent", "growth_class"};
-  for (const char* name : kColumns) out << name << ',';
-  out << "gain_min,gain_min_sublayer,gain_max,gain_max_sublayer,diverged_sublayer\r\n";
+  static const char* kCellColumns[] = {"arch", "blocks", "sublayers", "width", "seed", "rms_final"};
   const auto text = [](const json& value) {
     if (value.is_null()) return std::string();
     if (value.is_string()) return value.get<std::string>();
     return value.dump();
   };
+  std::vector<std::string> header(std::begin(kCellColumns), std::end(kCellColumns));
+  for (const SummaryField& field : summary_fields()) {
+    if (!field.in_sweep_cell) continue;
+    const std::string key(field.key);
+    if (field.kind != SummaryKind::event) header.push_back(key);
+    if (field.kind == SummaryKind::extremum || field.kind == SummaryKind::event)
+      header.push_back(key + "_sublayer");
+  }
+  for (std::size_t i = 0; i < header.size(); ++i) out << (i ? "," : "") << header[i];
+  out << "\r\n";
   for (const json& row : sweep.at("cells")) {
-    for (const char* name : kColumns) out << text(row.at(name)) << ',';
-    out << text(row["gain_min"]["value"]) << ',' << text(row["gain_min"]["sublayer"]) << ','
-        << text(row["gain_max"]["value"]) << ',' << text(row["gain_max"]["sublayer"]) << ','
-        << (row["diverged"].is_null() ? std::string() : text(row["diverged"]["sublayer"])) << "\r\n";
+    std::vector<std::string> cells;
+    for (const char* name : kCellColumns) cells.push_back(text(row.at(name)));
+    for (const SummaryField& field : summary_fields()) {
+      if (!field.in_sweep_cell) continue;
+      const json value = row.value(field.key, json());
+      const json sublayer = value.is_object() ? value.value("sublayer", json()) : json();
+      if (field.kind == SummaryKind::extremum) {
+        cells.push_back(text(value.is_object() ? value.value("value", json()) : json()));
+        cells.push_back(text(sublayer));
+      } else if (field.kind == SummaryKind::event) {
+        cells.push_back(text(sublayer));
+      } else {
+        cells.push_back(text(value));
+      }
+    }
+    for (std::size_t i = 0; i < cells.size(); ++i) out << (i ? "," : "") << cells[i];
+    out << "\r\n";
   }
 }
 

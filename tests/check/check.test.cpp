@@ -94,6 +94,69 @@ TEST_CASE(
   CHECK_THROWS_AS(compare_documents(json{{"a", 1}}, base, {}), InputError);
 }
 
+TEST_CASE("check gates every number, word and extremum of the summary table, effective_depth included") {
+  json base = analyze_doc("keel", 2.0);
+  for (json& seed : base["runs"][0]["seeds"]) {
+    seed["summary"]["effective_depth"] = 4.0;
+    seed["summary"]["growth_exponent_se"] = 0.01;
+  }
+  const auto with = [&](const char* key, const json& value) {
+    json doc = base;
+    doc["runs"][0]["seeds"][1]["summary"][key] = value;
+    return compare_documents(doc, base, {});
+  };
+  const auto figures = [](const Comparison& c) {
+    std::vector<std::string> out;
+    for (const Regression& r : c.regressions) out.push_back(r.figure);
+    return out;
+  };
+  CHECK(figures(with("effective_depth", 4.0 * 1.1)).empty());  // log10(1.1) = 0.041 < 0.05 decades
+  CHECK(figures(with("effective_depth", 4.0 * 1.2)) == std::vector<std::string>{"effective_depth"});
+  CHECK(figures(with("effective_depth", nullptr)) == std::vector<std::string>{"effective_depth"});
+  CHECK(figures(with("growth_exponent_se", 0.08)) == std::vector<std::string>{"growth_exponent_se"});
+  CHECK(figures(with("growth_class", "linear")) == std::vector<std::string>{"growth_class"});
+  CHECK(figures(with("gain_min", json{{"value", 0.5}, {"sublayer", 1}})) ==
+        std::vector<std::string>{"gain_min"});
+  // Structures and events are not compared themselves (their figures are).
+  CHECK(figures(with("growth_fit", json{{"exponent", 3.0}})).empty());
+  CHECK(figures(with("diverged", json{{"sublayer", 1}})).empty());
+  // A baseline written before a field existed lacks it: the field is not compared.
+  json older = base;
+  for (json& seed : older["runs"][0]["seeds"]) seed["summary"].erase("effective_depth");
+  json newer = base;
+  newer["runs"][0]["seeds"][1]["summary"]["effective_depth"] = 9.0;
+  CHECK(compare_documents(newer, older, {}).regressions.empty());
+  CHECK_FALSE(compare_documents(newer, base, {}).regressions.empty());
+}
+
+TEST_CASE("a new summary figure is one row of the table, and check then gates it with the row's tolerance") {
+  std::vector<SummaryField> fields = summary_fields();
+  fields.push_back({.key = "new_figure",
+                    .kind = SummaryKind::number,
+                    .value = [](const SeedResult&) { return json(0.5); },
+                    .sample = [](const SeedResult&) { return 0.5; },
+                    .scale = FigureScale::linear,
+                    .tolerance = 0.01});
+  // The row reaches the per-seed JSON and the across-seed aggregate...
+  SeedResult seed;
+  CHECK(summary_to_json(seed, fields).at("new_figure") == 0.5);
+  CHECK(aggregate_summary_to_json({seed, seed}, fields).at("new_figure").at("mean") == 0.5);
+  CHECK_FALSE(summary_to_json(seed).contains("new_figure"));
+  // ... and check gates it: 0.5 -> 0.52 is 0.017 decades, beyond the row's 0.01 but within the
+  // linear default of 0.05 that an unknown figure would get.
+  json base = analyze_doc("keel", 2.0), moved = base;
+  for (json& s : base["runs"][0]["seeds"]) s["summary"]["new_figure"] = 0.5;
+  for (json& s : moved["runs"][0]["seeds"]) s["summary"]["new_figure"] = 0.52;
+  const Comparison gated = compare_documents(moved, base, {}, fields);
+  REQUIRE(gated.regressions.size() == 2);  // both seeds
+  CHECK(gated.regressions[0].figure == "new_figure");
+  CHECK(gated.regressions[0].tolerance == 0.01);
+  CHECK(compare_documents(moved, base, {}).regressions.empty());  // without the row: not a figure
+  Tolerances looser;
+  looser.per_figure["new_figure"] = 0.1;  // --tolerances' figures still override the row
+  CHECK(compare_documents(moved, base, looser, fields).regressions.empty());
+}
+
 TEST_CASE("expectations: parsing, evaluation, and unknown names") {
   const Expectation e = parse_expectation("keel.gain_min.value > 0.5");
   CHECK(e.arch == "keel");
