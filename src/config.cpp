@@ -235,13 +235,7 @@ void validate_update(const ModelConfig& config) {
       throw InputError(fmt::format("--lr {} must be a positive finite learning rate; try --lr 1e-3", lr));
   }
   // The step covers every weight matrix, W_Q, W_K, W_V, W_O, W_1, W_2 and a gated FFN's W_3
-  // (shared key/value heads and rotary embeddings included); --bias's biases are not stepped yet.
-  if (config.bias) {
-    throw InputError(fmt::format(
-        "--update {} steps the weight matrices only and cannot be combined with --bias yet; drop --bias or "
-        "--update",
-        to_string(config.update)));
-  }
+  // (shared key/value heads and rotary embeddings included), and with --bias every bias.
 }
 }  // namespace
 

@@ -342,12 +342,13 @@ void GraphExecutor<Scalar>::weight_gradients(const SublayerGraph& graph, const B
                                              SublayerWeights<Scalar>& gradients) const {
   const int branch = graph.branch_id();
   const Mat<Scalar>& input = values_[graph.nodes()[branch - graph.input_count()].lhs];
+  const SublayerWeights<Scalar>& weights = *context.weights;
   if (context.kind == SublayerKind::attn) {
     attention_weight_gradients(input, attention_options(graph, context), attention_, cotangents_[branch],
-                               gradients, context.pool);
+                               gradients, weights.b_q.size() > 0, context.pool);
   } else {
     ffn_weight_gradients(input, ffn_options(graph, context), ffn_, cotangents_[branch], gradients,
-                         context.pool);
+                         weights.b_1.size() > 0, context.pool);
   }
 }
 

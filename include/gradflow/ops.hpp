@@ -203,11 +203,11 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
                    const SublayerWeights<Scalar>* d_w = nullptr);
 // After attention_backward of one probe's d_out (T rows): dL/dW = X^T dY for each product
 // Y = X W (W_Q, W_K, W_V from x, W_O from the context), formed in full (--update), each product
-// one piece.
+// one piece; with `bias`, dL/db = 1^T dY as well (b_q, b_k, b_v, b_o), else the biases are empty.
 template <typename Scalar>
 void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& options,
                                 const AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                                SublayerWeights<Scalar>& gradients, WorkPool* pool = nullptr);
+                                SublayerWeights<Scalar>& gradients, bool bias, WorkPool* pool = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Feed-forward: out = gelu(s x W_1) W_2 (Vaswani et al. 2017, Eq. 2), or gated (Shazeer 2020,
@@ -249,10 +249,11 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
              FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
              const SublayerWeights<Scalar>* d_w = nullptr);
 // After ffn_backward of one probe's d_out: dL/dW_2 = H^T dY, dL/dW_1 = x^T dL/d(x W_1), and for a
-// gated FFN dL/dW_3 = x^T dL/d(x W_3) (empty otherwise), each product one piece.
+// gated FFN dL/dW_3 = x^T dL/d(x W_3) (empty otherwise), each product one piece; with `bias`,
+// dL/db = 1^T of the same cotangents (b_1, b_2, b_3), else the biases are empty.
 template <typename Scalar>
 void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const FfnCache<Scalar>& cache,
-                          const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients,
+                          const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients, bool bias,
                           WorkPool* pool = nullptr);
 
 // ---------------------------------------------------------------------------------------------

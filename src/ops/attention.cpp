@@ -395,7 +395,7 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
 template <typename Scalar>
 void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& options,
                                 const AttentionCache<Scalar>& cache, const Mat<Scalar>& d_out,
-                                SublayerWeights<Scalar>& gradients, WorkPool* pool) {
+                                SublayerWeights<Scalar>& gradients, bool bias, WorkPool* pool) {
   // projections_backward's cotangents: d_q with rotations undone in place; d_k and d_v summed over
   // each key/value group (d_k unrotated); then before a q/k/v norm where there is one.
   const bool qk_normalised = options.qkv_norm != QkvNorm::none;
@@ -406,17 +406,19 @@ void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& op
   const Eigen::Index width = x.cols(), kv_width = width / options.heads * options.kv_head_count();
   for (Mat<Scalar>* m : {&gradients.w_q, &gradients.w_o}) m->resize(width, width);
   for (Mat<Scalar>* m : {&gradients.w_k, &gradients.w_v}) m->resize(width, kv_width);
-  // One product per piece: x^T dQ, x^T dK, x^T dV (before any q/k/v norm), C^T dY.
+  // One product per piece: x^T dQ, x^T dK, x^T dV (before any q/k/v norm), C^T dY; with biases,
+  // db = 1^T dY of the same cotangent (y = x W + b, summed over tokens).
+  const Mat<Scalar>* d_raw[4] = {qk_normalised ? &cache.d_q_raw : &cache.d_q,
+                                 qk_normalised ? &cache.d_k_raw : &d_k, v_normalised ? &cache.d_v_raw : &d_v,
+                                 &d_out};
+  Mat<Scalar>* d_weight[4] = {&gradients.w_q, &gradients.w_k, &gradients.w_v, &gradients.w_o};
+  Vec<Scalar>* d_bias[4] = {&gradients.b_q, &gradients.b_k, &gradients.b_v, &gradients.b_o};
   for_each_piece(pool, 4, [&](int piece) {
-    switch (piece) {
-      case 0:
-        return multiply_first_transposed(x, qk_normalised ? cache.d_q_raw : cache.d_q, gradients.w_q);
-      case 1:
-        return multiply_first_transposed(x, qk_normalised ? cache.d_k_raw : d_k, gradients.w_k);
-      case 2:
-        return multiply_first_transposed(x, v_normalised ? cache.d_v_raw : d_v, gradients.w_v);
-      default:
-        return multiply_first_transposed(cache.context, d_out, gradients.w_o);
+    multiply_first_transposed(piece == 3 ? cache.context : x, *d_raw[piece], *d_weight[piece]);
+    if (bias) {
+      *d_bias[piece] = d_raw[piece]->colwise().sum().transpose();
+    } else {
+      d_bias[piece]->resize(0);
     }
   });
 }
@@ -433,7 +435,7 @@ void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& op
                                       Mat<Scalar>&, const SublayerWeights<Scalar>*);                        \
   template void attention_weight_gradients<Scalar>(const Mat<Scalar>&, const AttentionOptions&,             \
                                                    const AttentionCache<Scalar>&, const Mat<Scalar>&,       \
-                                                   SublayerWeights<Scalar>&, WorkPool*);
+                                                   SublayerWeights<Scalar>&, bool, WorkPool*);
 GRADFLOW_INSTANTIATE_ATTENTION(float)
 GRADFLOW_INSTANTIATE_ATTENTION(double)
 

@@ -311,7 +311,8 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
 
 template <typename Scalar>
 void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const FfnCache<Scalar>& cache,
-                          const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients, WorkPool* pool) {
+                          const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients, bool bias,
+                          WorkPool* pool) {
   const bool gated = options.kind != FfnKind::gelu;
   gradients.w_1.resize(x.cols(), cache.d_hidden_pre.cols());
   gradients.w_2.resize(cache.hidden.cols(), d_out.cols());
@@ -320,11 +321,19 @@ void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const
   } else {
     gradients.w_3.resize(0, 0);  // as the weights' w_3
   }
-  // One product per piece: x^T dL/d(x W_1), H^T dY, x^T dL/d(x W_3) (s applied in both).
+  // One product per piece: x^T dL/d(x W_1), H^T dY, x^T dL/d(x W_3) (s applied in both); with
+  // biases, db = 1^T of the same cotangent (s (x W + b) and H W_2 + b_2, summed over tokens).
+  const Mat<Scalar>* d_raw[3] = {&cache.d_hidden_pre, &d_out, &cache.d_gate_pre};
+  Mat<Scalar>* d_weight[3] = {&gradients.w_1, &gradients.w_2, &gradients.w_3};
+  Vec<Scalar>* d_bias[3] = {&gradients.b_1, &gradients.b_2, &gradients.b_3};
+  if (!gated) gradients.b_3.resize(0);
   for_each_piece(pool, gated ? 3 : 2, [&](int piece) {
-    if (piece == 0) return multiply_first_transposed(x, cache.d_hidden_pre, gradients.w_1);
-    if (piece == 1) return multiply_first_transposed(cache.hidden, d_out, gradients.w_2);
-    multiply_first_transposed(x, cache.d_gate_pre, gradients.w_3);
+    multiply_first_transposed(piece == 1 ? cache.hidden : x, *d_raw[piece], *d_weight[piece]);
+    if (bias) {
+      *d_bias[piece] = d_raw[piece]->colwise().sum().transpose();
+    } else {
+      d_bias[piece]->resize(0);
+    }
   });
 }
 
@@ -361,7 +370,7 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
                                 FfnCache<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&,                         \
                                 const SublayerWeights<Scalar>*);                                             \
   template void ffn_weight_gradients<Scalar>(const Mat<Scalar>&, const FfnOptions&, const FfnCache<Scalar>&, \
-                                             const Mat<Scalar>&, SublayerWeights<Scalar>&, WorkPool*);       \
+                                             const Mat<Scalar>&, SublayerWeights<Scalar>&, bool, WorkPool*); \
   template void rotation_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                  \
   template void rotation_backward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_FFN(float)

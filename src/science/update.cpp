@@ -1,7 +1,7 @@
 // The model update (metrics.md, "The model update"; issue 18): one optimizer step on probe 0's
-// loss L = sum(U * y) for every weight matrix, then the forward pass again from the same input.
-// DeepNet's argument (Wang et al. 2022, arXiv 2203.00555, Sec. 3 Fig. 3 and Sec. 4) is about the
-// size of this move, ||F(x, theta + Delta theta) - F(x, theta)||, not about the gradient at init.
+// loss L = sum(U * y) for every weight matrix (and, with --bias, every bias), then the forward pass again
+// from the same input. DeepNet's argument (Wang et al. 2022, arXiv 2203.00555, Sec. 3 Fig. 3 and Sec. 4) is
+// about the size of this move, ||F(x, theta + Delta theta) - F(x, theta)||, not about the gradient at init.
 //
 // Weights are drawn from the seed, never stored, and so are the stepped ones: the probe backward
 // kept probe 0's cotangent of every state (as the forward kept the states), so the stepped forward
@@ -141,8 +141,9 @@ BranchContext<Scalar> sublayer_weight_gradient(SeedAnalysis<Scalar>& analysis, i
 // Adam's first step (Kingma & Ba 2014, arXiv 1412.6980, Alg. 1): m = (1 - b1) g and v = (1 - b2) g^2,
 // bias-corrected m^ = g and v^ = g^2, so Delta theta = -eta g / (|g| + eps), eps = 1e-8; with
 // g = exp(log_scale) * scaled, -eta scaled / (|scaled| + eps exp(-log_scale)). SGD: -eta g.
-template <typename Scalar>
-void rule_step(UpdateRule rule, double lr, const Mat<Scalar>& g, double log_scale, Mat<Scalar>& delta) {
+template <typename Dense>
+void rule_step(UpdateRule rule, double lr, const Dense& g, double log_scale, Dense& delta) {
+  using Scalar = typename Dense::Scalar;
   if (rule == UpdateRule::sgd) {
     delta = static_cast<Scalar>(-lr * std::exp(log_scale)) * g;
   } else {
@@ -156,10 +157,14 @@ double optimizer_step(UpdateRule rule, double lr, SublayerKind kind, const Subla
                       double log_scale, SublayerWeights<Scalar>& step, WorkPool* pool) {
   const auto from = matrices(scaled);
   const auto to = matrices(step);
+  const auto from_bias = biases(scaled);
+  const auto to_bias = biases(step);
   double inners[kMatrixKindCount] = {};
   for_each_matrix(kind, pool, [&](int m) {
     rule_step(rule, lr, *from[m], log_scale, *to[m]);
     inners[m] = lane_dot(from[m]->data(), to[m]->data(), from[m]->size());
+    rule_step(rule, lr, *from_bias[m], log_scale, *to_bias[m]);  // empty without --bias
+    inners[m] += lane_dot(from_bias[m]->data(), to_bias[m]->data(), from_bias[m]->size());
   });
   const auto [first, last] = matrix_range(kind);
   double inner = 0;  // <g / exp(log_scale), Delta theta>
@@ -203,9 +208,11 @@ void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, BranchContext<S
   const SublayerKind kind = config.sublayer_kind(l);
   double loss = optimizer_step(config.update, config.learning_rates[i], kind, work.gradient, log_scale,
                                work.step, branch.pool);
+  // step_rel is over the matrices: the biases start at zero, so their relative step has no scale.
   for_each_matrix(kind, branch.pool, [&](int m) {
     pass.step_squares[m] += squared_norm(*matrices(work.step)[m]);
     *matrices(work.stepped)[m] = *matrices(weights)[m] + *matrices(work.step)[m];
+    *biases(work.stepped)[m] = *biases(weights)[m] + *biases(work.step)[m];
   });
   if (config.update_norm_gains) {
     loss += gain_step(config.update, config.learning_rates[i], work.gain_gradient, log_scale, work.gain_step);

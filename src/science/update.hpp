@@ -23,8 +23,9 @@ BranchContext<Scalar> sublayer_weight_gradient(SeedAnalysis<Scalar>& analysis, i
                                                std::vector<Mat<Scalar>>* gain_gradient = nullptr);
 
 // The step Delta theta_l of `rule` at learning rate lr from the gradient g = exp(log_scale) * scaled,
-// into `step`; returns <g, Delta theta_l> (update_loss) in double. Each matrix is a piece of the
-// pool, the per-matrix sums added in matrix order: the bits do not depend on threads.
+// into `step`; returns <g, Delta theta_l> (update_loss) in double. theta_l is every weight matrix
+// and, with --bias, every bias. Each matrix (with its bias) is a piece of the pool, the per-piece
+// sums added in matrix order: the bits do not depend on threads.
 template <typename Scalar>
 double optimizer_step(UpdateRule rule, double lr, SublayerKind kind, const SublayerWeights<Scalar>& scaled,
                       double log_scale, SublayerWeights<Scalar>& step, WorkPool* pool = nullptr);
@@ -55,6 +56,17 @@ std::array<Mat<Scalar>*, kMatrixKindCount> matrices(SublayerWeights<Scalar>& wei
 template <typename Scalar>
 std::array<const Mat<Scalar>*, kMatrixKindCount> matrices(const SublayerWeights<Scalar>& weights) {
   return {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2, &weights.w_3};
+}
+
+// The sublayer's biases (--bias) in the order of its matrices: b_q, b_k, b_v, b_o, b_1, b_2, b_3;
+// empty without --bias (and b_3 without a gated FFN).
+template <typename Scalar>
+std::array<Vec<Scalar>*, kMatrixKindCount> biases(SublayerWeights<Scalar>& weights) {
+  return {&weights.b_q, &weights.b_k, &weights.b_v, &weights.b_o, &weights.b_1, &weights.b_2, &weights.b_3};
+}
+template <typename Scalar>
+std::array<const Vec<Scalar>*, kMatrixKindCount> biases(const SublayerWeights<Scalar>& weights) {
+  return {&weights.b_q, &weights.b_k, &weights.b_v, &weights.b_o, &weights.b_1, &weights.b_2, &weights.b_3};
 }
 
 }  // namespace gradflow

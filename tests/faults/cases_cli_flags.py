@@ -77,7 +77,6 @@ CASES = [
     Case("analyze input-corr 2", ["analyze", "--input-corr", "2", *SMALL], r"--input-corr 2 must lie in \[0, 1\]; try --input-corr 0.5"),
     Case("analyze exact-jacobian too large", ["analyze", "--exact-jacobian", "--seq", "128"], r"--exact-jacobian .* limited to seq \* width <= 4096"),
     # ---- --update and --lr (issue 18)
-    Case("analyze update with bias", ["analyze", "--update", "sgd", "--lr", "1e-3", "--bias", *SMALL], r"--update sgd steps the weight matrices only and cannot be combined with --bias yet; drop --bias or --update"),
     Case("analyze lr 0", ["analyze", "--update", "sgd", "--lr", "0", *SMALL], r"--lr 0 must be a positive finite learning rate; try --lr 1e-3"),
     Case("analyze lr negative", ["analyze", "--update", "adam", "--lr", "1e-3,-1e-4", *SMALL], r"--lr -0.0001 must be a positive finite learning rate; try --lr 1e-3"),
     Case("analyze lr inf", ["analyze", "--update", "adam", "--lr", "inf", *SMALL], r"--lr (inf|\"inf\") must be a (positive finite learning rate|number)"),

@@ -847,6 +847,8 @@ def model_update(stack, x0, probe, rule, lr, params_mode="matrices"):
     step_sq, weight_sq = {}, {}
     for l in range(stack.S):
         for n, st in steps[l].items():
+            if n not in MATRIX_KINDS:
+                continue  # a bias (--bias): stepped, but zero at init, so no relative step
             k = MATRIX_KINDS[n]
             step_sq[k] = step_sq.get(k, 0.0) + float((st * st).sum())
             weight_sq[k] = weight_sq.get(k, 0.0) + float((base[l][n] ** 2).sum())
