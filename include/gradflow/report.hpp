@@ -124,7 +124,9 @@ nlohmann::ordered_json cell_document(const ArchResult& result);
 // The model options every cell of a sweep shares (everything but arch, depth, width and seed).
 nlohmann::ordered_json sweep_model_to_json(const ModelConfig& config);
 // DIR/sweep.json: the grid and the shared model options; identical for every shard of a sweep.
-nlohmann::ordered_json sweep_manifest(const SweepGrid& grid, const ModelConfig& config);
+// `config_file` (sweep --config: path, model_type, sources, notes; null without) is recorded too.
+nlohmann::ordered_json sweep_manifest(const SweepGrid& grid, const ModelConfig& config,
+                                      const nlohmann::ordered_json& config_file = nullptr);
 // The grid of a manifest; throws InputError naming `origin` when it is malformed.
 SweepGrid grid_from_manifest(const nlohmann::ordered_json& manifest, const std::string& origin);
 // The figures the fits need, read from a cell document; throws InputError naming `origin`.

@@ -112,11 +112,13 @@ void add_placement_options(CLI::App* sub, ModelOptions& options);
 // The configuration the flags describe (depth and width as set on options.model), validated;
 // `adjust` (analyze --config) changes it before the validation.
 ModelConfig resolve_model(const ModelOptions& options, const std::function<void(ModelConfig&)>& adjust = {});
-// analyze --config (config_option.cpp): a config.json given by path or by a shipped config's name.
+// analyze and sweep --config (config_option.cpp): a config.json given by path or by a shipped
+// config's name; one reading and one set of rules (flags given override the file) for both.
 struct ConfigOption {
   std::string origin;  // the path, or data/configs/NAME.json for a shipped config
   ModelConfigFile file;
-  nlohmann::ordered_json document;  // the runs' config.config_file: path, model_type, sources, notes
+  nlohmann::ordered_json
+      document;  // config.config_file (sweep.json's config_file): path, model_type, sources, notes
 };
 // Reads and checks the file (InputError naming the key or the parse error's line and column).
 ConfigOption read_config_option(const std::string& spec, const CLI::App& app);

@@ -1,5 +1,5 @@
-// analyze --config PATH|NAME: a Hugging Face config.json (or one shipped in data/configs/) as the
-// model's configuration, flags given on the command line overriding it.
+// analyze --config and sweep --config PATH|NAME: a Hugging Face config.json (or one shipped in
+// data/configs/) as the model's configuration, flags given on the command line overriding it.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

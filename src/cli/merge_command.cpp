@@ -36,9 +36,11 @@ std::vector<json> read_manifests(const MergeOptions& options) {
     grid_from_manifest(manifests.back(), path);  // validates its shape
   }
   for (std::size_t i = 1; i < manifests.size(); ++i) {
-    for (const char* section : {"grid", "model"}) {
-      const std::string difference = first_difference(manifests.front().at(section), manifests[i].at(section),
-                                                      std::string(section) + ".");
+    // config_file (sweep --config) may be absent: absent in both is agreement.
+    for (const char* section : {"grid", "model", "config_file"}) {
+      const std::string difference =
+          first_difference(manifests.front().value(section, json::object()),
+                           manifests[i].value(section, json::object()), std::string(section) + ".");
       if (!difference.empty()) {
         throw InputError(
             fmt::format("the shards disagree on {} (in {} vs {}); merge only shards of one sweep", difference,

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "commands.hpp"
@@ -33,12 +34,14 @@ using json = nlohmann::ordered_json;
 struct SweepOptions {
   ModelOptions model;
   std::string arch, depths, widths;
+  std::string config;  // --config PATH|NAME: "" when not given
   int seeds = 1;
   std::string directory, shard = "0/1";
   const CLI::Option* shard_flag = nullptr;  // given: a shard, which shares DIR's lock with the others
   int jobs = 1;
   int threads = 0;  // 0: every core
   bool verbose = false, quiet = false, plan = false;
+  const CLI::App* app = nullptr;  // to tell the flags given from the defaults a config.json replaces
 };
 
 // --threads, or OpenMP's thread count: every core the process may use, or OMP_NUM_THREADS (which
@@ -82,14 +85,29 @@ void print_fits(const json& summary) {
   }
 }
 
-// The grid the flags describe (refused, naming the flags, when empty or too large).
-SweepGrid checked_grid(const SweepOptions& options, std::vector<const Architecture*>& archs) {
+// The model every cell shares: the flags over --config's file by analyze's rules (config_option.cpp:
+// a flag given overrides the file; without --arch, `arch_list` becomes the family's placement).
+// --width is the grid's list here, so the model is resolved at its first width (else the file's,
+// else the default); validate_cells checks every cell at its own.
+ModelConfig shared_model(const SweepOptions& options, std::optional<ConfigOption>& config_file,
+                         std::string& arch_list) {
+  ModelOptions flags = options.model;
+  if (!options.widths.empty()) flags.model.width = parse_int_list(options.widths, "--width").front();
+  return resolve_model(flags, [&](ModelConfig& model) {
+    if (config_file) apply_config_option(*config_file, *options.app, model, arch_list);
+  });
+}
+
+// The grid the flags describe (refused, naming the flags, when empty or too large); without
+// --width, the shared model's width (256, or the config.json's hidden_size).
+SweepGrid checked_grid(const SweepOptions& options, const std::string& arch_list, int model_width,
+                       std::vector<const Architecture*>& archs) {
   SweepGrid grid;
   grid.depths = parse_int_list(options.depths, "--depth");
-  grid.widths = options.widths.empty() ? std::vector<int>{ModelConfig{}.width}
-                                       : parse_int_list(options.widths, "--width");
+  grid.widths =
+      options.widths.empty() ? std::vector<int>{model_width} : parse_int_list(options.widths, "--width");
   grid.seeds = options.seeds;
-  archs = parse_architecture_list(options.arch);
+  archs = parse_architecture_list(arch_list);
   for (const Architecture* arch : archs) grid.archs.emplace_back(arch->id);
   validate_grid(grid, "--arch, --depth, --width, --seeds");
   return grid;
@@ -106,23 +124,48 @@ void validate_cells(const SweepGrid& grid, const ModelConfig& model) {
   }
 }
 
+// The config.json a manifest records (sweep --config), "" when none.
+std::string config_file_path(const json& manifest) {
+  const auto file = manifest.find("config_file");
+  if (file == manifest.end() || !file->is_object() || !file->contains("path") ||
+      !file->at("path").is_string())
+    return {};
+  return file->at("path").get<std::string>();
+}
+
 // The manifest of this sweep, after checking that DIR/sweep.json, if there, describes the same
 // model and the same grid: shards may share DIR; another model or grid in it is refused. A
 // directory holds one grid because its summary.json and every merge of it follow its sweep.json:
 // a second grid written over the first left a summary of one grid beside the manifest of another.
+// The model's values (a config.json's included: they are in "model") decide the cells; the file
+// itself must be the same too (by identity, or the path as given), or absent from both.
 // Reads only.
-json checked_manifest(const std::filesystem::path& directory, const SweepGrid& grid,
-                      const ModelConfig& model) {
-  json manifest = json::parse(sweep_manifest(grid, model).dump());
+json checked_manifest(const std::filesystem::path& directory, const SweepGrid& grid, const ModelConfig& model,
+                      const json& config_file) {
+  json manifest = json::parse(sweep_manifest(grid, model, config_file).dump());
   const std::string manifest_path = (directory / "sweep.json").string();
   if (path_exists(manifest_path)) {
     const json existing = read_json_file(manifest_path);
     grid_from_manifest(existing, manifest_path);  // a damaged manifest is named, not silently replaced
     const std::string difference = first_difference(existing.at("model"), manifest.at("model"), "");
+    const std::string there = config_file_path(existing), here = config_file_path(manifest);
     if (!difference.empty()) {
+      const std::string key = difference.substr(0, difference.find(':'));
+      const auto recorded = [&key](const json& model) {
+        return model.contains(key) ? model.at(key).dump() : std::string("absent");
+      };
       throw InputError(fmt::format(
-          "{} holds a sweep with another model configuration ({} in this run: {}); use another -o DIR",
-          manifest_path, difference.substr(0, difference.find(':')), difference));
+          "{} holds a sweep with another model configuration ({} {} there, {} in this run); {}use another -o "
+          "DIR",
+          manifest_path, key, recorded(existing.at("model")), recorded(manifest.at("model")),
+          there.empty() && here.empty() ? "" : "give the flags and --config that sweep was given, or "));
+    }
+    if (there != here && (there.empty() || here.empty() || !same_file(there, here))) {
+      throw InputError(fmt::format(
+          "{} holds a sweep of {} but this run has {}; give the --config that sweep was given, or use "
+          "another -o DIR",
+          manifest_path, there.empty() ? "no --config" : "--config " + there,
+          here.empty() ? "no --config" : "--config " + here));
     }
     const std::string grid_difference = first_difference(existing.at("grid"), manifest.at("grid"), "");
     if (!grid_difference.empty()) {
@@ -233,9 +276,9 @@ class SweepLock {
 // DIR/sweep.json, written (or found equal) before any cell, under the manifest's lock: the
 // manifest is the same for every shard.
 json write_manifest(const std::filesystem::path& directory, const SweepGrid& grid, const ModelConfig& model,
-                    SweepLock& lock) {
+                    const json& config_file, SweepLock& lock) {
   return lock.with_manifest([&] {
-    json manifest = checked_manifest(directory, grid, model);
+    json manifest = checked_manifest(directory, grid, model, config_file);
     write_file_atomically((directory / "sweep.json").string(), manifest.dump(1) + "\n");
     return manifest;
   });
@@ -371,14 +414,24 @@ constexpr int kMaxJobs = 1024;
 int run_sweep(const SweepOptions& options) {
   if (options.directory.empty())
     throw InputError("-o '' is an empty directory name; give the sweep's directory, e.g. -o sweep-out");
+  if (options.arch.empty() && options.config.empty()) {
+    throw InputError(
+        "--arch is required (or --config FILE, whose model_type names the placement); see 'gradflow sweep "
+        "--help'");
+  }
   const auto [shard_index, shard_count] = parse_shard(options.shard);
+  std::optional<ConfigOption> config_file;
+  if (!options.config.empty()) config_file = read_config_option(options.config, *options.app);
+  std::string arch_list = options.arch;
+  const ModelConfig model = shared_model(options, config_file, arch_list);
   std::vector<const Architecture*> archs;
-  const SweepGrid grid = checked_grid(options, archs);
-  const ModelConfig model = resolve_model(options.model);
+  const SweepGrid grid = checked_grid(options, arch_list, model.width, archs);
   validate_cells(grid, model);
-  check_options_apply(model, archs, options.arch);
+  check_options_apply(model, archs, arch_list);
+  const json config_record = config_file ? config_file->document : json();
   if (options.plan) {
-    checked_manifest(options.directory, grid, model);  // what every task would refuse, refused now
+    checked_manifest(options.directory, grid, model, config_record);  // what every task would refuse, now
+    if (config_file) print_config_notes(*config_file, options.verbose);
     AtomicOutput output("");
     output.stream()
         << plan_document(grid, model, archs, std::filesystem::path(options.directory) / "cells").dump(1)
@@ -404,14 +457,17 @@ int run_sweep(const SweepOptions& options) {
                concurrent);
 
   const std::filesystem::path directory(options.directory), cells_directory = directory / "cells";
-  checked_manifest(directory, grid, model);  // another model or grid: refused before anything is created
+  // Another model, config.json or grid: refused before anything is created.
+  checked_manifest(directory, grid, model, config_record);
+  // After every refusal, so that a refused sweep says one line.
+  if (config_file) print_config_notes(*config_file, options.verbose);
   std::error_code error;
   std::filesystem::create_directories(cells_directory, error);
   if (error)
     throw InputError(fmt::format("-o {}: cannot create {} ({})", options.directory, cells_directory.string(),
                                  error.message()));
   SweepLock lock(directory, options.shard_flag != nullptr && options.shard_flag->count() > 0);
-  const json manifest = write_manifest(directory, grid, model, lock);
+  const json manifest = write_manifest(directory, grid, model, config_record, lock);
   remove_stale_temporaries(cells_directory);
   const std::vector<SweepCell> all_cells = sweep_cells(grid);
   const std::vector<SweepCell> mine = shard_cells(all_cells, shard_index, shard_count);
@@ -443,14 +499,24 @@ Command setup_sweep(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "sweep",
       "Run an (arch, depth, width, seed) grid: one file per cell, resumable, shardable; fits across depths");
+  options->app = sub;
   sub->option_defaults()->always_capture_default();
-  sub->add_option(
-         "--arch", options->arch,
-         "Placement ids or placement files PATH.toml, comma-separated, or 'all' (see 'gradflow archs')")
-      ->required();
+  sub->add_option("--arch", options->arch,
+                  "Placement ids or placement files PATH.toml, comma-separated, or 'all' (see 'gradflow "
+                  "archs'); required unless --config names the placement")
+      ->default_str("--config's family placement");
   sub->add_option("--depth", options->depths, "Depths in blocks B, comma-separated (e.g. 8,16,32,64)")
       ->required();
-  sub->add_option("--width", options->widths, "Model widths d, comma-separated")->default_str("256");
+  sub->add_option("--width", options->widths, "Model widths d, comma-separated")
+      ->default_str("256, or --config's hidden_size");
+  sub->add_option(
+         "--config", options->config,
+         "A Hugging Face config.json (or a shipped one by name: gpt2, llama-3.2-1b, qwen2.5-0.5b, "
+         "olmo-2-1b, gemma-2-2b) setting the model every cell shares, as for analyze: width, heads, KV "
+         "heads, FFN, norm, RoPE, init and the family's placement; --depth is the grid's, flags given "
+         "override the file (--width then lists the widths), --seq stays 64 unless given. sweep.json "
+         "records it; a rerun into -o DIR must give the same file")
+      ->default_str("off");
   add_model_options(sub, options->model);
   sub->add_option("--seeds", options->seeds, "Seeds 0..N-1 per (arch, depth, width)")
       ->check(CLI::PositiveNumber);
@@ -471,8 +537,10 @@ Command setup_sweep(CLI::App& app) {
                   "one); files are identical for every count")
       ->default_str("OMP_NUM_THREADS, else all cores")
       ->check(CLI::Range(1, kMaxJobs));
-  sub->add_flag("-v,--verbose", options->verbose,
-                "One line per cell: skipped (already complete) or computed, with its time");
+  sub->add_flag(
+      "-v,--verbose", options->verbose,
+      "One line per cell: skipped (already complete) or computed, with its time; with --config, also "
+      "the config.json keys not used");
   sub->add_flag("-q,--quiet", options->quiet, "No progress bar, no summary table");
   sub->add_flag(
       "--plan", options->plan,

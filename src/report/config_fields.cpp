@@ -105,6 +105,11 @@ json sweep_model_to_json(const ModelConfig& config) {
   for (const ConfigField& field : config_fields()) {
     if (field.in_sweep_model && (!field.present || field.present(config)))
       model[std::string(field.key)] = field.value(config);
+    // The FFN width varies with each cell's width (4 d) unless set (--ffn-hidden, a config.json's
+    // intermediate_size): then it is the same in every cell, recorded so that a resumed sweep with
+    // another one is refused. Absent means 4 d, as in manifests written before.
+    if (field.key == "ffn_hidden" && config.ffn_hidden_width > 0)
+      model[std::string(field.key)] = config.ffn_hidden_width;
   }
   for (const PlacementOption* option : placement_options()) {
     if (option->in_sweep_model) model[std::string(option->key)] = option_value(*option, config);

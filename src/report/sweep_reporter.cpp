@@ -52,17 +52,19 @@ std::string first_difference(const json& a, const json& b, const std::string& pr
   return {};
 }
 
-json sweep_manifest(const SweepGrid& grid, const ModelConfig& config) {
-  return {{"schema_version", kSchemaVersion},
-          {"tool", provenance_to_json()},
-          {"command", "sweep"},
-          {"grid",
-           {{"archs", grid.archs},
-            {"depths", grid.depths},
-            {"widths", grid.widths},
-            {"seeds", grid.seeds},
-            {"cell_order", kCellOrder}}},
-          {"model", sweep_model_to_json(config)}};
+json sweep_manifest(const SweepGrid& grid, const ModelConfig& config, const json& config_file) {
+  json manifest = {{"schema_version", kSchemaVersion},
+                   {"tool", provenance_to_json()},
+                   {"command", "sweep"},
+                   {"grid",
+                    {{"archs", grid.archs},
+                     {"depths", grid.depths},
+                     {"widths", grid.widths},
+                     {"seeds", grid.seeds},
+                     {"cell_order", kCellOrder}}},
+                   {"model", sweep_model_to_json(config)}};
+  if (!config_file.is_null()) manifest["config_file"] = config_file;
+  return manifest;
 }
 
 SweepGrid grid_from_manifest(const json& manifest, const std::string& origin) {

@@ -114,7 +114,7 @@ CASES = [
     Case("archs depth 1e2", ["archs", "--depth", "1e2"], r"--depth 1e2 must be written in digits; try --depth 100"),
 
     # ---- sweep
-    Case("sweep without arch", ["sweep", "--depth", "2", "-o", "out"], r"--arch is required; " + HELP["sweep"]),
+    Case("sweep without arch", ["sweep", "--depth", "2", "-o", "out"], r"--arch is required \(or --config FILE, whose model_type names the placement\); " + HELP["sweep"]),
     Case("sweep without output", ["sweep", "--arch", "keel", "--depth", "2"], r"(-o|--output).* is required; " + HELP["sweep"]),
     Case("sweep -o empty", ["sweep", "--arch", "keel", "--depth", "2", "-o", ""], r"-o '' is an empty directory name; give the sweep's directory"),
     Case("sweep seeds 0", ["sweep", "--arch", "keel", "--depth", "2", "-o", "out", "--seeds", "0"], r"--seeds 0 must be at least 1; try --seeds 1"),
