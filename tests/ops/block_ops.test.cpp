@@ -66,18 +66,14 @@ std::vector<double> param_grad_squares_by_differences(
   std::vector<double> squares(probes, 0.0);
   const double h = 1e-6;
   const auto visit = [&](double* data, Eigen::Index size) {
-    for (Eigen::Index e = 0; e < size; ++e) {
-      const double saved = data[e];
-      data[e] = saved + h;
-      const MatD up = forward(w);
-      data[e] = saved - h;
-      const MatD down = forward(w);
-      data[e] = saved;
-      for (Eigen::Index k = 0; k < probes; ++k) {
-        const double slope = dy.middleRows(k * tokens, tokens).cwiseProduct(up - down).sum() / (2 * h);
-        squares[k] += slope * slope;
-      }
-    }
+    for_each_central_difference(
+        data, size, h, [&] { return forward(w); },
+        [&](Eigen::Index, const MatD& up, const MatD& down) {
+          for (Eigen::Index k = 0; k < probes; ++k) {
+            const double slope = dy.middleRows(k * tokens, tokens).cwiseProduct(up - down).sum() / (2 * h);
+            squares[k] += slope * slope;
+          }
+        });
   };
   for (MatD* m : {&w.w_q, &w.w_k, &w.w_v, &w.w_o, &w.w_1, &w.w_3, &w.w_2}) visit(m->data(), m->size());
   for (Vec<double>* b : {&w.b_q, &w.b_k, &w.b_v, &w.b_o, &w.b_1, &w.b_3, &w.b_2}) visit(b->data(), b->size());

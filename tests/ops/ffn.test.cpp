@@ -58,15 +58,9 @@ TEST_CASE("ffn_backward matches central differences, and its parameter gradient 
     double numeric = 0;
     const double h = 1e-6;
     for (auto* matrix : {&w.w_1, &w.w_2}) {
-      for (Eigen::Index i = 0; i < matrix->size(); ++i) {
-        const double saved = matrix->data()[i];
-        matrix->data()[i] = saved + h;
-        const double up = dy.cwiseProduct(forward(x)).sum();
-        matrix->data()[i] = saved - h;
-        const double down = dy.cwiseProduct(forward(x)).sum();
-        matrix->data()[i] = saved;
-        numeric += std::pow((up - down) / (2 * h), 2);
-      }
+      for_each_central_difference(
+          matrix->data(), matrix->size(), h, [&] { return dy.cwiseProduct(forward(x)).sum(); },
+          [&](Eigen::Index, double up, double down) { numeric += std::pow((up - down) / (2 * h), 2); });
     }
     REQUIRE(squares.size() == 1);
     CHECK(std::abs(std::sqrt(squares[0]) - std::sqrt(numeric)) <=

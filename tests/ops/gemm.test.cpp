@@ -1,12 +1,16 @@
-// The weight products (gemm.hpp): C = A B and C = A B^T on row-major blocks, against a double
-// reference, over shapes that leave partial tiles on every side, strided blocks and k = 0; and
-// each entry's bits independent of how C is split, which the ops' column-block pieces rely on.
+// The weight products (gemm.hpp): C = A B and C = A B^T on row-major blocks, against a naive
+// triple-loop product in double (no Eigen product, so the library path is not checked against
+// itself), over shapes that leave partial tiles on every side, strided blocks and k = 0; and each
+// entry's bits independent of how C is split, which the ops' column-block pieces rely on. Every
+// test asserts on every build: where a property belongs to the AVX-512 tiles only, builds without
+// them say so in a MESSAGE and check what the library path does promise.
 #include "gradflow/gemm.hpp"
 
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "gradflow/ops.hpp"
@@ -21,18 +25,21 @@ Mat<float> random_float(Eigen::Index rows, Eigen::Index cols, unsigned seed) {
 }
 
 // Largest |got - want| relative to the sum of |a_ip| |b_pj| of that entry (the scale of its
-// rounding error), with the products formed in double.
+// rounding error), with want = A B (+ initial) by a naive triple loop in double: float products
+// are exact in double and k <= 300 sums lose nothing near float's 6e-8, so want is the exact
+// product to far better than the 1e-6 bound. A NaN in got counts as the worst error.
 double worst_relative_error(const Mat<float>& a, const Mat<float>& b, const Mat<float>& got,
                             const Mat<float>& initial, bool accumulate) {
-  const Eigen::MatrixXd ad = a.cast<double>(), bd = b.cast<double>();
-  const Eigen::MatrixXd start =
-      accumulate ? Eigen::MatrixXd(initial.cast<double>()) : Eigen::MatrixXd::Zero(got.rows(), got.cols());
-  const Eigen::MatrixXd want = ad * bd + start;
-  const Eigen::MatrixXd scale = ad.cwiseAbs() * bd.cwiseAbs() + start.cwiseAbs();
   double worst = 0;
   for (Eigen::Index i = 0; i < got.rows(); ++i) {
     for (Eigen::Index j = 0; j < got.cols(); ++j) {
-      worst = std::max(worst, std::abs(got(i, j) - want(i, j)) / std::max(scale(i, j), 1e-30));
+      double want = accumulate ? static_cast<double>(initial(i, j)) : 0.0, scale = std::abs(want);
+      for (Eigen::Index p = 0; p < a.cols(); ++p) {
+        want += static_cast<double>(a(i, p)) * static_cast<double>(b(p, j));
+        scale += std::abs(static_cast<double>(a(i, p)) * static_cast<double>(b(p, j)));
+      }
+      const double error = std::abs(got(i, j) - want) / std::max(scale, 1e-30);
+      if (!(error <= worst)) worst = std::isnan(error) ? HUGE_VAL : error;
     }
   }
   return worst;
@@ -105,23 +112,46 @@ TEST_CASE("the three products write nothing outside C") {
 }
 
 TEST_CASE("each entry of a product on the tiles has the same bits however C is split into column blocks") {
-  // A property of the AVX-512 tiles (one in-order sum per entry). The library path (portable builds)
-  // does not promise it; results there still do not depend on the thread count because an op's
-  // pieces are the same column blocks on one thread or sixteen (tests/ops/thread_counts.test.cpp).
-  if (!kernel_choice().tiled_products) return;
+  // A property of the AVX-512 tiles (one in-order sum per entry). The library path (portable builds,
+  // GRADFLOW_KERNELS=library or products) does not promise it; results there still do not depend on
+  // the thread count because an op's pieces are the same column blocks on one thread or sixteen
+  // (tests/ops/thread_counts.test.cpp). So on every build each split product is checked against the
+  // naive double product, and a repeated product of the same block against the first one bit for
+  // bit (what the thread-count independence rests on); on the tiles, whole and split agree bit for bit.
+  const bool tiles = kernel_choice().tiled_products;
+  if (!tiles) {
+    MESSAGE(
+        "this build's float products run on the library path (no AVX-512 tiles, or GRADFLOW_KERNELS "
+        "names products): split-invariance of the bits is not promised there and is not checked; "
+        "each split product is checked against a naive double product and for repeatability");
+  }
   const Mat<float> a = random_float(64, 256, 11), b = random_float(256, 1024, 12),
                    b_t = random_float(1024, 256, 13);
-  Mat<float> whole(64, 1024), split(64, 1024), whole_t(64, 1024), split_t(64, 1024);
+  const Mat<float> b_from_t = b_t.transpose(), none(0, 0);
+  Mat<float> whole(64, 1024), split(64, 1024), whole_t(64, 1024), split_t(64, 1024), again(64, 1024),
+      again_t(64, 1024);
   multiply(a, b, whole);
   multiply_transposed(a, b_t, whole_t);
+  CHECK(worst_relative_error(a, b, whole, none, false) < 1e-6);
+  CHECK(worst_relative_error(a, b_from_t, whole_t, none, false) < 1e-6);
   for (const Eigen::Index cut : {Eigen::Index(1), Eigen::Index(200), Eigen::Index(512), Eigen::Index(1000)}) {
     CAPTURE(cut);
     multiply(a, b.leftCols(cut), split.leftCols(cut));
     multiply(a, b.rightCols(1024 - cut), split.rightCols(1024 - cut));
     multiply_transposed(a, b_t.topRows(cut), split_t.leftCols(cut));
     multiply_transposed(a, b_t.bottomRows(1024 - cut), split_t.rightCols(1024 - cut));
-    CHECK(std::memcmp(whole.data(), split.data(), sizeof(float) * whole.size()) == 0);
-    CHECK(std::memcmp(whole_t.data(), split_t.data(), sizeof(float) * whole_t.size()) == 0);
+    CHECK(worst_relative_error(a, b, split, none, false) < 1e-6);
+    CHECK(worst_relative_error(a, b_from_t, split_t, none, false) < 1e-6);
+    multiply(a, b.leftCols(cut), again.leftCols(cut));
+    multiply(a, b.rightCols(1024 - cut), again.rightCols(1024 - cut));
+    multiply_transposed(a, b_t.topRows(cut), again_t.leftCols(cut));
+    multiply_transposed(a, b_t.bottomRows(1024 - cut), again_t.rightCols(1024 - cut));
+    CHECK(std::memcmp(again.data(), split.data(), sizeof(float) * split.size()) == 0);
+    CHECK(std::memcmp(again_t.data(), split_t.data(), sizeof(float) * split_t.size()) == 0);
+    if (tiles) {
+      CHECK(std::memcmp(whole.data(), split.data(), sizeof(float) * whole.size()) == 0);
+      CHECK(std::memcmp(whole_t.data(), split_t.data(), sizeof(float) * whole_t.size()) == 0);
+    }
   }
 }
 
@@ -155,7 +185,17 @@ TEST_CASE("lower_gram's lower triangle is the Gram matrix, in float and double")
 }
 
 TEST_CASE("gram_lower_f64 is the in-order sum of each lower entry, and above it that sum or zero") {
-  if (!kTiledMultiply) return;
+  if (!kTiledMultiply) {
+    // Builds without AVX-512 have no hand-written double Gram kernel: gram_lower_f64 is a stub that
+    // must refuse rather than return garbage, and effective_rank (representation.cpp) takes Eigen's
+    // rank update instead, checked in tests/science/representation_figures.test.cpp.
+    MESSAGE("this build has no hand-written gram_lower_f64 kernel (no AVX-512): only its refusal is checked");
+    const Eigen::MatrixXd a = random_matrix(3, 4, 1, 1.0);
+    Eigen::MatrixXd c(3, 3);
+    CHECK_THROWS_AS(gram_lower_f64(a.data(), a.outerStride(), c.data(), c.outerStride(), 3, 4),
+                    std::logic_error);
+    return;
+  }
   for (const Eigen::Index m : {1, 7, 8, 9, 16, 17, 33, 64, 70}) {
     for (const Eigen::Index k : {0, 1, 5, 256, 300}) {
       CAPTURE(m);
