@@ -228,10 +228,13 @@ MemoryLimits memory_limits();
 std::uint64_t available_memory_bytes();
 
 // A one-line progress bar on stderr, shown only when stderr is a terminal and not --quiet, and
-// only once the run has taken longer than kDelay: short runs never flash a bar.
+// only once the run has taken longer than kDelay: short runs never flash a bar. It redraws at most
+// once per kInterval (a terminal needs about ten redraws a second, not one per step of the run),
+// except that the completed state is always drawn.
 class ProgressBar {
  public:
   static constexpr std::chrono::milliseconds kDelay{1000};
+  static constexpr std::chrono::milliseconds kInterval{100};
   ProgressBar(bool enabled, std::string label);
   ~ProgressBar();
   void update(long long done, long long total);
@@ -241,7 +244,8 @@ class ProgressBar {
   bool enabled_;
   std::string label_;
   std::chrono::steady_clock::time_point start_;
-  int last_permille_ = -1;
+  std::chrono::steady_clock::time_point last_draw_;
+  int last_permille_ = -1;  // -1: not drawn yet
 };
 bool stderr_is_terminal();
 bool stdout_is_terminal();

@@ -462,16 +462,20 @@ void ProgressBar::finish() {
 
 void ProgressBar::update(long long done, long long total) {
   if (!enabled_ || total <= 0) return;
-  if (last_permille_ < 0 && std::chrono::steady_clock::now() - start_ < kDelay) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (last_permille_ < 0 && now - start_ < kDelay) return;
   const int permille = static_cast<int>(1000 * done / total);
   if (permille == last_permille_) return;
+  // Within kInterval of the last redraw only the completed state is drawn, so the bar ends full.
+  if (last_permille_ >= 0 && done < total && now - last_draw_ < kInterval) return;
   last_permille_ = permille;
+  last_draw_ = now;
   constexpr int kWidth = 30;
   const int filled = permille * kWidth / 1000;
   // The remaining time at the average rate so far; shown once 1% is done, so it is not a guess.
   std::string eta;
   if (permille >= 10 && done < total) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
     const long long left =
         std::llround(elapsed * static_cast<double>(total - done) / static_cast<double>(done));
     eta = left >= 3600 ? fmt::format("  ETA {}h{:02}m", left / 3600, left % 3600 / 60)

@@ -24,6 +24,12 @@ LONG = ["analyze", "--arch", "pre-ln,post-ln", "--depth", "256", "--threads", "1
 SHORT = ["analyze", "--arch", "keel", "--depth", "2", "--width", "16", "--heads", "2", "--seq", "4"]
 # The bar as drawn: "label [####.....]  42.0%" (the JSON itself may contain "%", e.g. "95% t-interval").
 BAR = re.compile(r"\[[#.]{10,}\] +\d+\.\d%")
+# One whole redraw: "label [####.....]  42.0%  ETA 0m03s".
+FRAME = re.compile(r"gradflow analyze \(\d+ run\(s\)\) \[[#.]{10,}\] +\d+\.\d%(  ETA \d+[hm]\d\d[ms])?")
+# Each redraw starts by returning to the line's start and erasing it; finish() erases once more.
+REDRAW = "\r\033[2K"
+# A terminal needs about ten redraws a second (ProgressBar::kInterval is 100 ms).
+REDRAWS_PER_SECOND = 10
 
 
 def run_with_terminal_stderr(args, command=None):
@@ -63,10 +69,28 @@ def bar_appears_on_a_terminal_stderr_and_never_on_stdout():
     stdout, terminal, seconds = run_with_terminal_stderr(LONG)
     assert seconds > 1.5, f"the run took {seconds:.2f} s; too short to test the bar, lengthen LONG"
     assert BAR.search(terminal), f"no bar on the terminal after {seconds:.1f} s: {terminal[-300:]!r}"
-    assert terminal.endswith("\r\033[2K"), f"the bar is not erased at the end: {terminal[-80:]!r}"
+    assert terminal.endswith(REDRAW), f"the bar is not erased at the end: {terminal[-80:]!r}"
     assert not BAR.search(stdout) and "\r" not in stdout and "\033" not in stdout, "bar characters on stdout"
     doc = json.loads(stdout)
     assert [r["arch"] for r in doc["runs"]] == ["pre-ln", "post-ln"]
+
+
+@test
+def redraws_are_limited_to_about_ten_a_second_and_the_last_is_complete():
+    _, terminal, seconds = run_with_terminal_stderr(LONG)
+    assert seconds > 1.5, f"the run took {seconds:.2f} s; too short to test the bar, lengthen LONG"
+    assert terminal.startswith(REDRAW) and terminal.endswith(REDRAW), f"{terminal[:80]!r} ... {terminal[-80:]!r}"
+    frames = terminal[len(REDRAW):-len(REDRAW)].split(REDRAW)  # what each redraw drew, in order
+    others = [f for f in frames if not FRAME.fullmatch(f)]
+    assert not others, f"something besides the bar on the terminal: {others[:3]!r}"
+    # The bar waits a second and then redraws at most every 100 ms, plus the completed state: a
+    # redraw per sliver of progress (about a thousand per run) is far more than a terminal shows.
+    bound = REDRAWS_PER_SECOND * seconds + 3
+    assert len(frames) <= bound, (f"{len(frames)} redraws in a {seconds:.1f} s run, more than {bound:.0f} "
+                                  f"({REDRAWS_PER_SECOND}/s)")
+    print(f"  {len(frames)} redraws in {seconds:.1f} s")
+    last = frames[-1]
+    assert re.search(r"\[#{10,}\] +100\.0%$", last), f"the last redraw is not the completed bar: {last!r}"
 
 
 @test

@@ -8,6 +8,8 @@ Prints 'N passed, M failed' and exits non-zero when anything failed.
 
 import argparse
 import csv
+import importlib.machinery
+import importlib.util
 import json
 import math
 import os
@@ -202,6 +204,70 @@ def check_png(path, size=DEFAULT_PX):
 
 
 # ---------------------------------------------------------------------------------------------
+# Layout checks: gradflow-plot's own code renders the figure here, kept open for matplotlib's renderer
+
+
+def load_plot_module():
+    loader = importlib.machinery.SourceFileLoader("gradflow_plot", str(SCRIPT))
+    spec = importlib.util.spec_from_loader("gradflow_plot", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def rendered_figure(*args):
+    """Runs gradflow-plot's main(args) in this process and returns the figure it saved (one figure)."""
+    plot = load_plot_module()
+    figures = []
+
+    def keep_figure(fig, *rest, **kw):
+        figures.append(fig)
+        return original(fig, *rest, **kw)
+
+    original = plot.finish_figure
+    plot.finish_figure = keep_figure
+    code = plot.main([str(a) for a in args])
+    assert code == 0, f"gradflow-plot {' '.join(map(str, args))} exited {code}"
+    assert len(figures) == 1, f"gradflow-plot {' '.join(map(str, args))} saved {len(figures)} figures"
+    return figures[0]
+
+
+def legend_overlaps(fig):
+    """What the figure's legends cover, as drawn by its renderer: every panel (axes) whose window
+    extent a legend's window extent meets, any panel title or figure text (title, caption) it meets, and any
+    legend that runs off the figure. Empty when every legend stands clear."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert legends, "the figure has no legend"
+    def where(bbox):
+        return "(" + ", ".join(f"{v:.0f}" for v in bbox.extents) + ")"  # x0, y0, x1, y1 in pixels
+
+    problems = []
+    texts = [ax.title for ax in fig.axes if ax.get_title()] + [t for t in fig.texts if t.get_text()]
+    for box in (legend.get_window_extent(renderer) for legend in legends):
+        for i, ax in enumerate(fig.axes):
+            panel = ax.get_window_extent(renderer)
+            if ax.get_visible() and box.overlaps(panel):
+                problems.append(f"legend {where(box)} covers panel {i} {where(panel)}")
+        for text in texts:
+            if box.overlaps(text.get_window_extent(renderer)):
+                problems.append(f"legend {where(box)} covers the text {text.get_text()[:40]!r}")
+        if not (fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1):
+            problems.append(f"legend {where(box)} runs off the figure {where(fig.bbox)}")
+    return problems
+
+
+def legend_problems(*args):
+    """legend_overlaps of gradflow-plot's figure for `args`, each prefixed with the command."""
+    fig = rendered_figure(*args)
+    try:
+        return [f"gradflow-plot {' '.join(map(str, args))}: {p}" for p in legend_overlaps(fig)]
+    finally:
+        plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
 # Running the script
 
 
@@ -289,6 +355,21 @@ def make_tests(inp, out):
     def shares_without_output_share():
         plot_ok("shares", inp.json_plain, "-o", out / "plain_shares.png")
         check_png(out / "plain_shares.png")
+
+    @test
+    def shares_legend_covers_no_panel():
+        """The shares panels are filled edge to edge by their curves: the legend stands outside them,
+        for one and two panels, many entries and small or wide figures."""
+        many = inp.tmp / "many_runs.json"
+        doc = synthetic_json(output_share=True)
+        doc["runs"] = [dict(run, arch=f"{run['arch']}-variant-{i}") for i in range(5) for run in doc["runs"]]
+        many.write_text(json.dumps(doc))
+        problems = []
+        for src, options in [(inp.json, []), (inp.json_plain, []), (inp.csv, []), (many, []),
+                             (inp.json, ["--size", "4x3"]), (many, ["--size", "5x4", "--dpi", "80"]),
+                             (many, ["--size", "14x4"])]:
+            problems += legend_problems("shares", src, "-o", out / "legend_shares.png", *options)
+        assert not problems, "\n  ".join(problems)
 
     @test
     def sweep_from_sweep_json():
@@ -552,6 +633,11 @@ def make_binary_tests(binary, out):
                 print(f"  {d.name}/{name}: {png_size(d / name)[0]}x{png_size(d / name)[1]}, "
                       f"non-background {stats[1]:.3f}, coloured {stats[2]:.3f}")
 
+    def binary_shares_legend():
+        assert json_path.exists(), f"{json_path} missing (its binary run failed)"
+        problems = legend_problems("shares", json_path, "-o", out / "real_legend_shares.png")
+        assert not problems, "\n  ".join(problems)
+
     def binary_sweep():
         """Two depths of real CSV output concatenated (the CSV is self-describing) give the sweep figure."""
         assert csv_path.exists(), f"{csv_path} missing (its binary run failed)"
@@ -580,9 +666,10 @@ def make_binary_tests(binary, out):
     binary_json.__name__ = "binary_json_matches_contract"
     binary_csv.__name__ = "binary_csv_matches_contract"
     binary_figures.__name__ = "binary_figures"
+    binary_shares_legend.__name__ = "binary_shares_legend_covers_no_panel"
     binary_sweep.__name__ = "binary_sweep_from_two_depths"
     binary_sweep_summary.__name__ = "binary_sweep_summary_with_update"
-    return [binary_json, binary_csv, binary_figures, binary_sweep, binary_sweep_summary]
+    return [binary_json, binary_csv, binary_figures, binary_shares_legend, binary_sweep, binary_sweep_summary]
 
 
 # ---------------------------------------------------------------------------------------------
