@@ -189,8 +189,6 @@ void compare_analyze(const json& result, const json& baseline, const Tolerances&
       }
       comparer.compare_columns(old_seed.at("sublayers"), new_seed->at("sublayers"),
                                {"index", "kind", "block"}, "", sublayer_name);
-      const json& old_summary = old_seed.at("summary");
-      const json& new_summary = new_seed->at("summary");
       comparer.compare_summary(old_seed.at("summary"), new_seed->at("summary"), false);
     }
   }

@@ -89,7 +89,8 @@ struct SummaryField {
   nlohmann::ordered_json (*across_seeds)(const std::vector<SeedResult>&) = nullptr;
   bool in_sweep_cell = false;  // a column of the sweep's rows and CSV
   FigureScale scale = FigureScale::linear;
-  std::optional<double> tolerance;  // check's tolerance; none: the --tolerances value of its scale
+  std::optional<double> tolerance =
+      std::nullopt;  // check's tolerance; none: the --tolerances value of its scale
   // Whether documents record it for this seed (null: always); --update's entry only with it.
   bool (*present)(const SeedResult&) = nullptr;
 };
