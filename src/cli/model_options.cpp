@@ -64,8 +64,8 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
       ->delimiter(',')
       ->default_str("1e-3 with --update");
   sub->add_option("--update-params", options.update_params,
-                  "What --update steps: matrices (every weight matrix) or all (the matrices and every norm's "
-                  "gain, gamma = 1 at init)")
+                  "What --update steps: matrices (every weight matrix, and with --bias every bias) or all "
+                  "(those and every norm's gain, gamma = 1 at init)")
       ->default_str("matrices");
 }
 

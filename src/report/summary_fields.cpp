@@ -114,13 +114,14 @@ const std::vector<SummaryField>& summary_fields() {
        .sample = [](const SeedResult& s) { return s.effective_depth; },
        .in_sweep_cell = true,
        .scale = S::linear},
-      // A share that may cross zero: compared as a ratio while both are positive, else absolutely.
+      // A share that may be near or below zero: compared by absolute difference, as an exponent is
+      // (a ratio would jump where the sign changes and magnify noise in tiny shares).
       {.key = "stream_decomposition_input",
        .kind = K::number,
        .value = [](const SeedResult& s) { return json_number(s.stream_decomposition_input); },
        .sample = [](const SeedResult& s) { return s.stream_decomposition_input; },
        .in_sweep_cell = true,
-       .scale = S::linear},
+       .scale = S::exponent},
       {.key = "diverged",
        .kind = K::event,
        .value =
@@ -131,8 +132,9 @@ const std::vector<SummaryField>& summary_fields() {
                          {"reason", s.diverged->reason}};
            },
        .in_sweep_cell = true},
-      // Per learning rate; a sweep row carries output_update_rel from it (sweep_reporter.cpp), and
-      // the per-state update columns are gated with the states.
+      // Per learning rate; a sweep row carries output_update_rel from it (sweep_reporter.cpp). Not
+      // compared itself: the per-state and per-sublayer update columns (update_rms, update_loss,
+      // ...) are, with the states and sublayers; output_update_rel, delta_loss and step_rel are not.
       {.key = "update",
        .kind = K::structure,
        .value = [](const SeedResult& s) { return updates_to_json(s.updates); },

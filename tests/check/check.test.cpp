@@ -115,6 +115,13 @@ TEST_CASE("check gates every number, word and extremum of the summary table, eff
   CHECK(figures(with("effective_depth", nullptr)) == std::vector<std::string>{"effective_depth"});
   CHECK(figures(with("growth_exponent_se", 0.08)) == std::vector<std::string>{"growth_exponent_se"});
   CHECK(figures(with("growth_class", "linear")) == std::vector<std::string>{"growth_class"});
+  // A share near zero is compared absolutely: 0.04 -> 0.004 is within 0.05, 0.04 -> -0.04 is not.
+  for (json& seed : base["runs"][0]["seeds"]) seed["summary"]["stream_decomposition_input"] = 0.04;
+  CHECK(figures(with("stream_decomposition_input", 0.004)).empty());
+  CHECK(figures(with("stream_decomposition_input", 0.12)) ==
+        std::vector<std::string>{"stream_decomposition_input"});
+  CHECK(figures(with("stream_decomposition_input", -0.04)) ==
+        std::vector<std::string>{"stream_decomposition_input"});
   CHECK(figures(with("gain_min", json{{"value", 0.5}, {"sublayer", 1}})) ==
         std::vector<std::string>{"gain_min"});
   // Structures and events are not compared themselves (their figures are).
