@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "gradflow/architecture.hpp"
+#include "gradflow/branch_op.hpp"
 #include "gradflow/errors.hpp"
 
 namespace gradflow {
@@ -320,20 +321,14 @@ double estimated_result_bytes(const ModelConfig& config, int stream_count) {
   return (s + 1) * 8 * (40 + 2.0 * stream_count + config.spectrum) * kJsonOverhead;
 }
 
+// The mean over the block's sublayers of their branch op's forward cost (branch_op.hpp).
 double sublayer_forward_flops(const ModelConfig& config) {
-  const double d = config.width, t = config.seq, kv_width = config.kv_width();
-  const double attention = 2 * t * d * (2 * d + 2 * kv_width) + 2 * 2 * t * t * d;  // q, o; k, v; QK^T, AV
-  const double ffn_matrices = config.ffn == FfnKind::gelu ? 2 : 3;
-  const double ffn = 2 * t * d * config.ffn_hidden() * ffn_matrices;
-  switch (config.block) {
-    case BlockKind::attn_ffn:
-      return (attention + ffn) / 2;
-    case BlockKind::ffn:
-      return ffn;
-    case BlockKind::attn:
-      return attention;
+  double flops = 0;
+  for (int i = 0; i < config.sublayers_per_block(); ++i) {
+    const SublayerKind kind = config.sublayer_kind(i);
+    flops += branch_op(config, kind).cost(config).forward_flops;
   }
-  return ffn;
+  return flops / config.sublayers_per_block();
 }
 
 double estimated_memory_bytes(const ModelConfig& config, int stream_count) {
@@ -346,12 +341,20 @@ double estimated_memory_bytes(const ModelConfig& config, int stream_count) {
   if (config.spectrum > 0) k = std::max(k, 2.0 * config.spectrum);
   if (config.exact_jacobian) k = std::max(k, 2 * t * d);
   const double states = (s + 1) * stream_count * t * d;
-  // Attention's q, k, v, o in forward and backward copies, and the FFN's two (gated: three) matrices.
-  const double ffn_matrices = config.ffn == FfnKind::gelu ? 2 : 3;
-  const double attention_weights = 2 * d * d + 2 * d * kv_width, ffn_weights = ffn_matrices * d * h;
+  // Attention's weights and its working values, and the FFN's (branch_op.hpp): attention's
+  // weights are counted twice.
+  const BranchOpRow& attention = branch_op(config, SublayerKind::attn);
+  const BranchOpRow& ffn = branch_op(config, SublayerKind::ffn);
+  const auto weight_scalars = [&](const BranchOpRow& op) {
+    double count = 0;
+    for (const WeightSpec& spec : op.weights(config)) count += static_cast<double>(spec.rows * spec.cols);
+    return count;
+  };
+  const double attention_weights = weight_scalars(attention), ffn_weights = weight_scalars(ffn);
   const double weights = 2 * attention_weights + ffn_weights;
-  const double working = 24 * k * t * d + 2 * ffn_matrices * k * t * h  // sublayer values and cotangents
-                         + config.heads * t * t * 2 + 4 * k * t * d * stream_count;
+  const BranchCost attention_cost = attention.cost(config), ffn_cost = ffn.cost(config);
+  const double working = 24 * k * t * d + k * (attention_cost.probe_scalars + ffn_cost.probe_scalars) +
+                         attention_cost.fixed_scalars + ffn_cost.fixed_scalars + 4 * k * t * d * stream_count;
   // The result's per-state and per-sublayer figures (about 40 columns of doubles) and the
   // contribution log per probe.
   const double figures = (s + 1) * 8 * (40 + 2.0 * stream_count + config.spectrum) + s * k * 8;

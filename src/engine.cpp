@@ -80,8 +80,7 @@ template <typename Scalar>
 std::vector<NamedTensor> collect_tensors(const ModelConfig& config, const Architecture& arch,
                                          const Constants& constants, std::uint64_t seed) {
   std::vector<NamedTensor> tensors;
-  const std::int64_t t = config.seq, d = config.width, k = config.probes, hidden = config.ffn_hidden(),
-                     kv = config.kv_width();
+  const std::int64_t t = config.seq, d = config.width, k = config.probes;
   append_tensor(tensors, "input", make_input<Scalar>(config, seed), {t, d});
   append_tensor(tensors, "probe", make_probes<Scalar>(config, seed), {k, t, d});
   if (config.branch != BranchKind::model) return tensors;
@@ -90,25 +89,14 @@ std::vector<NamedTensor> collect_tensors(const ModelConfig& config, const Archit
     const SublayerContext ctx{config, constants, l, config.block_of(l), config.sublayer_kind(l), 1.0};
     generate_weights(config, arch, ctx, seed, weights);
     const std::string prefix = fmt::format("sublayer.{:04d}.", l);
-    if (ctx.kind == SublayerKind::attn) {
-      append_tensor(tensors, prefix + "W_Q", weights.w_q, {d, d});
-      append_tensor(tensors, prefix + "W_K", weights.w_k, {d, kv});
-      append_tensor(tensors, prefix + "W_V", weights.w_v, {d, kv});
-      append_tensor(tensors, prefix + "W_O", weights.w_o, {d, d});
-    } else {
-      append_tensor(tensors, prefix + "W_1", weights.w_1, {d, hidden});
-      if (weights.w_3.size() > 0) append_tensor(tensors, prefix + "W_3", weights.w_3, {d, hidden});
-      append_tensor(tensors, prefix + "W_2", weights.w_2, {hidden, d});
+    const auto specs = branch_op(config, ctx.kind).weights(config);
+    for (std::size_t m = 0; m < specs.size(); ++m) {
+      append_tensor(tensors, prefix + specs[m].name, weights.matrices[m], {specs[m].rows, specs[m].cols});
     }
     // --bias: each projection's bias (zero at init), named after its matrix.
-    for (const auto& [name, bias] : {std::pair{"b_Q", &weights.b_q},
-                                     {"b_K", &weights.b_k},
-                                     {"b_V", &weights.b_v},
-                                     {"b_O", &weights.b_o},
-                                     {"b_1", &weights.b_1},
-                                     {"b_3", &weights.b_3},
-                                     {"b_2", &weights.b_2}}) {
-      if (bias->size() > 0) append_bias(tensors, prefix + name, *bias);
+    for (std::size_t m = 0; m < specs.size(); ++m) {
+      if (weights.biases[m].size() > 0)
+        append_bias(tensors, prefix + "b_" + specs[m].name.substr(2), weights.biases[m]);
     }
   }
   return tensors;

@@ -55,25 +55,18 @@ void SublayerGraph::mark_update(Value update, Value sum) {
 }
 
 template <typename Scalar>
-AttentionOptions GraphExecutor<Scalar>::attention_options(const SublayerGraph& graph,
-                                                          const BranchContext<Scalar>& context) const {
-  AttentionOptions options;
-  options.heads = context.heads;
-  // q/k/v norms are RMSNorm whatever --norm is: HybridNorm's "per-head RMSNorm on Q, K and V"
-  // (arXiv 2503.04598, Eq. 5) and OLMo 2's QK-norm (arXiv 2501.00656, Sec. 3.3) both specify it.
-  options.norm = NormKind::rms;
-  options.qkv_norm = graph.qkv_norm();
-  const double head_dim = static_cast<double>(context.weights->w_q.cols()) / context.heads;
-  options.score_scale = graph.score_scale().value_or(1.0 / std::sqrt(head_dim));
-  options.kv_heads = context.ops.kv_heads;
-  options.norm_eps = context.ops.norm_eps;
-  options.rope_theta = context.ops.rope_theta;
-  options.rotary_dims = context.ops.rotary_dims;
-  return options;
+BranchOp<Scalar>& GraphExecutor<Scalar>::branch_op(const BranchContext<Scalar>& context) {
+  const auto index = static_cast<std::size_t>(branch_op_index(context.kind, context.ops));
+  if (ops_.size() <= index) ops_.resize(index + 1);
+  if (!ops_[index]) ops_[index] = branch_ops()[index].template make<Scalar>();
+  return *ops_[index];
 }
 
-BlockOps block_ops(const ModelConfig& config) {
-  return {config.ffn, config.kv_head_count(), config.rope_theta, config.rotary_dims(), config.norm_eps};
+template <typename Scalar>
+const BranchOp<Scalar>& GraphExecutor<Scalar>::branch_op(const BranchContext<Scalar>& context) const {
+  const auto index = static_cast<std::size_t>(branch_op_index(context.kind, context.ops));
+  if (index >= ops_.size() || !ops_[index]) throw std::logic_error("the branch op has not run forward");
+  return *ops_[index];
 }
 
 bool recompute_can_skip_branch_output(const SublayerGraph& graph, std::vector<char>& after_branch,
@@ -172,12 +165,8 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
     const Mat<Scalar>& a = values_[node.lhs];
     if (known && after_branch_[id]) {
       if (node.op == NodeOp::branch) {  // the hidden activations only: no output projection
-        if (context.kind == SublayerKind::attn) {
-          attention_forward(a, *context.weights, attention_options(graph, context), attention_, out,
-                            context.pool, false);
-        } else {
-          ffn_forward(a, *context.weights, ffn_options(graph, context), ffn_, out, context.pool, false);
-        }
+        branch_op(context).forward(a, *context.weights, branch_settings(graph, context), out, context.pool,
+                                   false);
       } else if (node.op == NodeOp::norm || node.op == NodeOp::unit) {  // an output: known
         const auto& outputs = graph.outputs();
         const auto index =
@@ -208,11 +197,9 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
       case NodeOp::branch:
         if (context.branch == BranchKind::rotation) {
           rotation_forward(a, out);
-        } else if (context.kind == SublayerKind::attn) {
-          attention_forward(a, *context.weights, attention_options(graph, context), attention_, out,
-                            context.pool);
         } else {
-          ffn_forward(a, *context.weights, ffn_options(graph, context), ffn_, out, context.pool);
+          branch_op(context).forward(a, *context.weights, branch_settings(graph, context), out, context.pool,
+                                     true);
         }
         break;
     }
@@ -276,12 +263,9 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
             skipped_branch_output_ && !to_weights ? &branch_output_dots_ : nullptr;
         if (context.branch == BranchKind::rotation) {
           if (!to_weights) rotation_backward(d_out, d_a);
-        } else if (context.kind == SublayerKind::attn) {
-          attention_backward(values_[node.lhs], *context.weights, attention_options(graph, context),
-                             attention_, d_out, d_input, param_grads, context.pool, output_dots);
         } else {
-          ffn_backward(values_[node.lhs], *context.weights, ffn_options(graph, context), ffn_, d_out, d_input,
-                       param_grads, context.pool, output_dots);
+          branch_op(context).backward(values_[node.lhs], *context.weights, branch_settings(graph, context),
+                                      d_out, d_input, param_grads, context.pool, output_dots);
         }
         if (to_weights) return;
         break;
@@ -322,12 +306,9 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
       case NodeOp::branch:
         if (context.branch == BranchKind::rotation) {
           rotation_forward(d_a, d_out);
-        } else if (context.kind == SublayerKind::attn) {
-          attention_jvp(values_[node.lhs], *context.weights, attention_options(graph, context), attention_,
-                        d_a, d_out, d_weights);
         } else {
-          ffn_jvp(values_[node.lhs], *context.weights, ffn_options(graph, context), ffn_, d_a, d_out,
-                  d_weights);
+          branch_op(context).jvp(values_[node.lhs], *context.weights, branch_settings(graph, context), d_a,
+                                 d_out, d_weights);
         }
         break;
     }
@@ -342,14 +323,8 @@ void GraphExecutor<Scalar>::weight_gradients(const SublayerGraph& graph, const B
                                              SublayerWeights<Scalar>& gradients) const {
   const int branch = graph.branch_id();
   const Mat<Scalar>& input = values_[graph.nodes()[branch - graph.input_count()].lhs];
-  const SublayerWeights<Scalar>& weights = *context.weights;
-  if (context.kind == SublayerKind::attn) {
-    attention_weight_gradients(input, attention_options(graph, context), attention_, cotangents_[branch],
-                               gradients, weights.b_q.size() > 0, context.pool);
-  } else {
-    ffn_weight_gradients(input, ffn_options(graph, context), ffn_, cotangents_[branch], gradients,
-                         weights.b_1.size() > 0, context.pool);
-  }
+  branch_op(context).weight_gradients(input, branch_settings(graph, context), cotangents_[branch], gradients,
+                                      context.weights->has_bias(), context.pool);
 }
 
 template <typename Scalar>

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "gradflow/branch_op.hpp"
 #include "gradflow/rng.hpp"
 
 namespace gradflow {
@@ -29,56 +30,28 @@ double base_stddev(const ModelConfig& config, WeightMatrix matrix, Eigen::Index 
   return std::numeric_limits<double>::quiet_NaN();
 }
 
-namespace {
-// --bias: every projection's bias, zero at init (HF's _init_weights zeroes nn.Linear biases).
-template <typename Scalar>
-void zero_biases(const ModelConfig& config, SublayerKind kind, SublayerWeights<Scalar>& weights) {
-  const Eigen::Index d = config.width, hidden = config.ffn_hidden(), kv_width = config.kv_width();
-  const bool attn = kind == SublayerKind::attn, gated = config.ffn != FfnKind::gelu;
-  const auto size = [&](Vec<Scalar>& b, Eigen::Index n, bool used) {
-    b.setZero(config.bias && used ? n : 0);
-  };
-  size(weights.b_q, d, attn);
-  size(weights.b_k, kv_width, attn);
-  size(weights.b_v, kv_width, attn);
-  size(weights.b_o, d, attn);
-  size(weights.b_1, hidden, !attn);
-  size(weights.b_3, hidden, !attn && gated);
-  size(weights.b_2, d, !attn);
-}
-}  // namespace
-
 template <typename Scalar>
 void WeightDraw<Scalar>::plan(const ModelConfig& config, const Architecture& arch, const SublayerContext& ctx,
                               std::uint64_t seed, SublayerWeights<Scalar>& weights) {
-  matrix_count_ = 0;
   total_chunks_ = 0;
   weights_ = &weights;
   unit_norm_ = arch.unit_norm_weights;
-  kind_ = ctx.kind;
-  const auto add = [&](Mat<Scalar>& m, Eigen::Index rows, Eigen::Index cols, WeightMatrix which) {
-    m.resize(rows, cols);
-    const double gain = arch.init_gain ? arch.init_gain(ctx, which) : 1.0;
-    const double stddev = base_stddev(config, which, rows, cols) * gain;
+  specs_ = branch_op(config, ctx.kind).weights(config);
+  weights.resize(specs_.size());
+  matrices_.resize(specs_.size());
+  for (std::size_t i = 0; i < specs_.size(); ++i) {
+    const WeightSpec& spec = specs_[i];
+    Mat<Scalar>& m = weights.matrices[i];
+    m.resize(spec.rows, spec.cols);
+    const double gain = arch.init_gain ? arch.init_gain(ctx, spec.role) : 1.0;
+    const double stddev = base_stddev(config, spec.role, spec.rows, spec.cols) * gain;
     const auto size = static_cast<std::size_t>(m.size());
-    matrices_[matrix_count_++] = {
-        m.data(), stream_key(seed, RandomUse::weight, ctx.sublayer, static_cast<std::uint64_t>(which)),
-        static_cast<Scalar>(stddev), size, total_chunks_};
+    matrices_[i] = {m.data(), stream_key(seed, RandomUse::weight, ctx.sublayer, spec.stream),
+                    static_cast<Scalar>(stddev), size, total_chunks_};
     total_chunks_ += static_cast<int>((size + kNormalChunk - 1) / kNormalChunk);
-  };
-  const Eigen::Index d = config.width, hidden = config.ffn_hidden(), kv_width = config.kv_width();
-  if (ctx.kind == SublayerKind::attn) {
-    add(weights.w_q, d, d, WeightMatrix::q);
-    add(weights.w_k, d, kv_width, WeightMatrix::k);
-    add(weights.w_v, d, kv_width, WeightMatrix::v);
-    add(weights.w_o, d, d, WeightMatrix::o);
-  } else {
-    add(weights.w_1, d, hidden, WeightMatrix::up);
-    // W_3 is drawn like W_1 (its own stream), as HF's _init_weights draws every nn.Linear alike.
-    if (config.ffn != FfnKind::gelu) add(weights.w_3, d, hidden, WeightMatrix::gate);
-    add(weights.w_2, hidden, d, WeightMatrix::down);
+    // --bias: every projection's bias, zero at init (HF's _init_weights zeroes nn.Linear biases).
+    weights.biases[i].setZero(config.bias ? spec.cols : 0);
   }
-  zero_biases(config, ctx.kind, weights);
   done_.store(0, std::memory_order_relaxed);
   next_.store(0, std::memory_order_release);
 }
@@ -88,8 +61,8 @@ bool WeightDraw<Scalar>::step() noexcept {
   if (next_.load(std::memory_order_relaxed) >= total_chunks_) return false;
   const int chunk = next_.fetch_add(1, std::memory_order_acquire);
   if (chunk >= total_chunks_) return false;
-  int m = 0;
-  while (m + 1 < matrix_count_ && matrices_[m + 1].first_chunk <= chunk) ++m;
+  std::size_t m = 0;
+  while (m + 1 < matrices_.size() && matrices_[m + 1].first_chunk <= chunk) ++m;
   const Matrix& matrix = matrices_[m];
   const std::size_t begin = static_cast<std::size_t>(chunk - matrix.first_chunk) * kNormalChunk;
   const std::size_t end = std::min(matrix.size, begin + kNormalChunk);
@@ -103,11 +76,11 @@ void WeightDraw<Scalar>::finish() {
   while (step()) {
   }
   while (done_.load(std::memory_order_acquire) < total_chunks_) _mm_pause();
-  if (unit_norm_) normalize_along_width(kind_, *weights_);
+  if (unit_norm_) normalize_along_width(specs_, *weights_);
 }
 
 template <typename Scalar>
-void normalize_along_width(SublayerKind kind, SublayerWeights<Scalar>& weights) {
+void normalize_along_width(const std::vector<WeightSpec>& specs, SublayerWeights<Scalar>& weights) {
   const auto unit_columns = [](Mat<Scalar>& m) {  // (d, n): each column, a vector over the d inputs
     for (Eigen::Index c = 0; c < m.cols(); ++c) {
       m.col(c) *= static_cast<Scalar>(1.0 / m.col(c).template cast<double>().norm());
@@ -118,13 +91,13 @@ void normalize_along_width(SublayerKind kind, SublayerWeights<Scalar>& weights) 
       m.row(r) *= static_cast<Scalar>(1.0 / m.row(r).template cast<double>().norm());
     }
   };
-  if (kind == SublayerKind::attn) {
-    for (Mat<Scalar>* m : {&weights.w_q, &weights.w_k, &weights.w_v}) unit_columns(*m);
-    unit_rows(weights.w_o);
-  } else {
-    unit_columns(weights.w_1);
-    if (weights.w_3.size() > 0) unit_columns(weights.w_3);
-    unit_rows(weights.w_2);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const bool output_projection = specs[i].role == WeightMatrix::o || specs[i].role == WeightMatrix::down;
+    if (output_projection) {
+      unit_rows(weights.matrices[i]);
+    } else {
+      unit_columns(weights.matrices[i]);
+    }
   }
 }
 
@@ -165,8 +138,8 @@ Mat<Scalar> make_probes(const ModelConfig& config, std::uint64_t seed) {
 
 template class WeightDraw<float>;
 template class WeightDraw<double>;
-template void normalize_along_width<float>(SublayerKind, SublayerWeights<float>&);
-template void normalize_along_width<double>(SublayerKind, SublayerWeights<double>&);
+template void normalize_along_width<float>(const std::vector<WeightSpec>&, SublayerWeights<float>&);
+template void normalize_along_width<double>(const std::vector<WeightSpec>&, SublayerWeights<double>&);
 template void generate_weights<float>(const ModelConfig&, const Architecture&, const SublayerContext&,
                                       std::uint64_t, SublayerWeights<float>&);
 template void generate_weights<double>(const ModelConfig&, const Architecture&, const SublayerContext&,

@@ -26,8 +26,6 @@ using Constants = std::vector<Constant>;
 // The named constant's value; throws std::logic_error when the recipe lacks it.
 double constant_value(const Constants& constants, std::string_view name);
 
-enum class WeightMatrix { q, k, v, o, up, down, gate };  // gate: W_3 of swiglu / geglu, drawn like up
-
 // What gradflow does when an option is given but no selected placement declares it.
 enum class UnusedOption {
   ignore,  // say nothing

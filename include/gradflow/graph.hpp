@@ -2,9 +2,11 @@
 // engine: recipes say what is computed, never how its gradient flows.
 #pragma once
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "gradflow/branch_op.hpp"
 #include "gradflow/ops.hpp"
 
 namespace gradflow {
@@ -72,16 +74,6 @@ class SublayerGraph {
   std::optional<double> score_scale_;
   double ffn_hidden_scale_ = 1.0;
 };
-
-// The block's ops as --ffn, --kv-heads, --rope-theta/--rope-fraction and --norm-eps set them.
-struct BlockOps {
-  FfnKind ffn = FfnKind::gelu;
-  int kv_heads = 0;  // 0: = heads
-  double rope_theta = 0.0;
-  int rotary_dims = 0;  // 0: no rotary embedding
-  double norm_eps = kNormEps;
-};
-BlockOps block_ops(const ModelConfig& config);
 
 // What the branch node F needs besides its input.
 template <typename Scalar>
@@ -171,9 +163,11 @@ class GraphExecutor {
   const Mat<Scalar>& cotangent(int id) const { return cotangents_[id]; }
 
  private:
-  AttentionOptions attention_options(const SublayerGraph& graph, const BranchContext<Scalar>& context) const;
-  static FfnOptions ffn_options(const SublayerGraph& graph, const BranchContext<Scalar>& context) {
-    return {graph.ffn_hidden_scale(), context.ops.ffn};
+  // The op of the context's sublayer (branch_op.hpp), made on first use, and what it reads.
+  BranchOp<Scalar>& branch_op(const BranchContext<Scalar>& context);
+  const BranchOp<Scalar>& branch_op(const BranchContext<Scalar>& context) const;
+  static BranchSettings branch_settings(const SublayerGraph& graph, const BranchContext<Scalar>& context) {
+    return {context.heads, context.ops, graph.qkv_norm(), graph.score_scale(), graph.ffn_hidden_scale()};
   }
 
   void run_forward(const SublayerGraph& graph, const std::vector<Mat<Scalar>>& inputs,
@@ -189,8 +183,7 @@ class GraphExecutor {
   std::vector<int> consumers_;      // recompute's scratch: uses of each value
   bool skipped_branch_output_ = false;
   std::vector<double> branch_output_dots_;
-  AttentionCache<Scalar> attention_;
-  FfnCache<Scalar> ffn_;
+  std::vector<std::unique_ptr<BranchOp<Scalar>>> ops_;  // by row of branch_ops(), with their caches
 };
 
 }  // namespace gradflow

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gradflow/architecture.hpp"
+#include "gradflow/branch_op.hpp"
 #include "gradflow/ops.hpp"
 #include "gradflow/work_pool.hpp"
 
@@ -41,19 +42,19 @@ class WeightDraw final : public IdleWork {
     int first_chunk;
   };
   SublayerWeights<Scalar>* weights_ = nullptr;
-  bool unit_norm_ = false;  // Architecture::unit_norm_weights: finish() normalises along d
-  SublayerKind kind_ = SublayerKind::attn;
-  Matrix matrices_[4] = {};
-  int matrix_count_ = 0, total_chunks_ = 0;
+  bool unit_norm_ = false;         // Architecture::unit_norm_weights: finish() normalises along d
+  std::vector<WeightSpec> specs_;  // the sublayer's branch op's weights (branch_op.hpp)
+  std::vector<Matrix> matrices_;
+  int total_chunks_ = 0;
   std::atomic<int> next_{0}, done_{0};  // the next chunk to claim; chunks drawn
 };
 
 // nGPT's normalize_matrices() at init (NVIDIA/ngpt train.py L394-411): every vector along the
 // width-d (embedding) dimension gets unit norm, i.e. with y = x W the columns of W_Q, W_K, W_V
-// (d, d) and W_1 (d, 4d) and the rows of W_O (d, d) and W_2 (4d, d); only the matrices of `kind`
-// (a buffer may still hold the other kind's). Norms in double.
+// (d, d) and W_1 (d, 4d) and the rows of W_O (d, d) and W_2 (4d, d): the rows of an output
+// projection (WeightMatrix o or down), the columns of every other weight of `specs`. Norms in double.
 template <typename Scalar>
-void normalize_along_width(SublayerKind kind, SublayerWeights<Scalar>& weights);
+void normalize_along_width(const std::vector<WeightSpec>& specs, SublayerWeights<Scalar>& weights);
 
 // x_0 (T, d): rows sqrt(r) c + sqrt(1 - r) e_t (architectures.md "Inputs").
 template <typename Scalar>

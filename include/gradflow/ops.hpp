@@ -74,16 +74,37 @@ template <typename Scalar>
 void rotary_apply(const RotaryTable<Scalar>& table, int heads, bool inverse, Mat<Scalar>& x);
 
 // ---------------------------------------------------------------------------------------------
-// Weights of one sublayer; y = x W + b with W (d_in, d_out). Only the sublayer kind's matrices
-// are set; the biases only with --bias (zero at init, as HF's nn.Linear biases under _init_weights).
+// What a weight matrix is, for base init's rule, a placement's init gain and step_rel's kind
+// (kMatrixKinds' order). gate: W_3 of swiglu / geglu, drawn like up.
+enum class WeightMatrix { q, k, v, o, up, down, gate };
+
+// Weights of one sublayer's branch op, y = x W + b with W (d_in, d_out), in the order of the op's
+// weight list (branch_op.hpp, BranchOpRow::weights): attention's AttentionWeight, the FFN's
+// FfnWeight. The biases follow the same order and are empty without --bias (zero at init, as HF's
+// nn.Linear biases under _init_weights).
 template <typename Scalar>
 struct SublayerWeights {
-  Mat<Scalar> w_q, w_k, w_v, w_o;  // attention: W_Q, W_O (d, d); W_K, W_V (d, kv_heads * head_dim)
-  Mat<Scalar> w_1;                 // FFN up, (d, hidden)
-  Mat<Scalar> w_3;                 // FFN gate of swiglu / geglu, (d, hidden); empty for gelu
-  Mat<Scalar> w_2;                 // FFN down, (hidden, d)
-  Vec<Scalar> b_q, b_k, b_v, b_o, b_1, b_3, b_2;  // the projections' biases; empty without --bias
+  std::vector<Mat<Scalar>> matrices;
+  std::vector<Vec<Scalar>> biases;
+  bool has_bias() const { return !biases.empty() && biases.front().size() > 0; }
+  // Bias i, or an empty vector when the list has none.
+  const Vec<Scalar>& bias(std::size_t i) const {
+    static const Vec<Scalar> none;
+    return i < biases.size() ? biases[i] : none;
+  }
+  // Sizes the lists for `count` weights, keeping the buffers already there.
+  void resize(std::size_t count) {
+    matrices.resize(count);
+    biases.resize(count);
+  }
 };
+// Attention's weights: W_Q, W_O (d, d); W_K, W_V (d, kv_heads * head_dim).
+enum AttentionWeight : int { kWeightQ, kWeightK, kWeightV, kWeightO, kAttentionWeights };
+// The FFN's: W_1 up (d, hidden), W_2 down (hidden, d), and a gated FFN's W_3 gate (d, hidden).
+enum FfnWeight : int { kWeightUp, kWeightDown, kWeightGate };
+inline int ffn_weight_count(FfnKind kind) {
+  return kind == FfnKind::gelu ? 2 : 3;
+}
 
 // Squared Frobenius norms of dL/dW summed over the sublayer's matrices, one entry per probe.
 using ParamGradSquares = std::vector<double>;

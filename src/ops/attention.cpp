@@ -2,6 +2,7 @@
 #include <cmath>
 #include <limits>
 
+#include "gradflow/branch_op.hpp"
 #include "gradflow/gemm.hpp"
 #include "gradflow/lane_sum.hpp"
 #include "gradflow/ops.hpp"
@@ -139,8 +140,10 @@ void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
   const ProjectionPieces projections(width, kv_width);
   for_each_piece(pool, projections.count(), [&](int piece) {
     const auto [m, block] = projections.locate(piece);
-    const Mat<Scalar>& weight = m == 0 ? w.w_q : m == 1 ? w.w_k : w.w_v;
-    const Vec<Scalar>& bias = m == 0 ? w.b_q : m == 1 ? w.b_k : w.b_v;
+    const Mat<Scalar>& weight = m == 0   ? w.matrices[kWeightQ]
+                                : m == 1 ? w.matrices[kWeightK]
+                                         : w.matrices[kWeightV];
+    const Vec<Scalar>& bias = m == 0 ? w.bias(kWeightQ) : m == 1 ? w.bias(kWeightK) : w.bias(kWeightV);
     Mat<Scalar>& raw = m == 0 ? cache.q_raw : m == 1 ? cache.k_raw : cache.v_raw;
     const FeatureBlock columns = feature_block(raw.cols(), block);
     multiply(x, weight.middleCols(columns.begin, columns.size), raw.middleCols(columns.begin, columns.size));
@@ -174,9 +177,9 @@ void attention_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
   out.resize(tokens, width);
   for_each_piece(pool, feature_blocks(width), [&](int block) {
     const FeatureBlock columns = feature_block(width, block);
-    multiply(cache.context, w.w_o.middleCols(columns.begin, columns.size),
+    multiply(cache.context, w.matrices[kWeightO].middleCols(columns.begin, columns.size),
              out.middleCols(columns.begin, columns.size));
-    add_bias(w.b_o, columns.begin, out.middleCols(columns.begin, columns.size));
+    add_bias(w.bias(kWeightO), columns.begin, out.middleCols(columns.begin, columns.size));
   });
 }
 
@@ -286,7 +289,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     if (piece >= heads) return shared_input_gram(piece - heads, x, d_out, cache.shared_grams);
     const int h = piece;
     const Eigen::Index begin = h * head_dim;
-    multiply_transposed(d_out, w.w_o.middleRows(begin, head_dim),
+    multiply_transposed(d_out, w.matrices[kWeightO].middleRows(begin, head_dim),
                         cache.d_context.middleCols(begin, head_dim));
     if (output_dots) head_output_dots(cache, h, begin, head_dim, tokens, probes);
     HeadScratch<Scalar>& scratch = head_scratch<Scalar>();
@@ -305,15 +308,15 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     cache.head_squares.reset(heads, probes);
     cache.projection_squares.reset(projections.count(), probes);
   }
-  const bool bias = w.b_q.size() > 0;
+  const bool bias = w.bias(kWeightQ).size() > 0;
   cache.d_input.resize(rows, width);
   for_each_piece(pool, dx_pieces + square_pieces, [&](int piece) {
     if (piece < dx_pieces) {
       const FeatureBlock c = feature_block(width, piece);
       auto d_input = cache.d_input.middleCols(c.begin, c.size);
-      multiply_transposed(*d_raws[0], w.w_q.middleRows(c.begin, c.size), d_input);
-      multiply_transposed(*d_raws[1], w.w_k.middleRows(c.begin, c.size), d_input, true);
-      multiply_transposed(*d_raws[2], w.w_v.middleRows(c.begin, c.size), d_input, true);
+      multiply_transposed(*d_raws[0], w.matrices[kWeightQ].middleRows(c.begin, c.size), d_input);
+      multiply_transposed(*d_raws[1], w.matrices[kWeightK].middleRows(c.begin, c.size), d_input, true);
+      multiply_transposed(*d_raws[2], w.matrices[kWeightV].middleRows(c.begin, c.size), d_input, true);
       dx->middleCols(c.begin, c.size) += d_input;
       return;
     }
@@ -351,11 +354,12 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
   const int kv_heads = options.kv_head_count();
   const Scalar scale = static_cast<Scalar>(options.score_scale);
   // Every norm Jacobian here is symmetric (rms, layer, dyt, unit rows), so its backward is its JVP.
-  Mat<Scalar> d_q_raw = d_x * w.w_q, d_k_raw = d_x * w.w_k, d_v_raw = d_x * w.w_v;  // (P*T, .)
-  if (d_w) {  // product rule: d(x W) = dx W + x dW
-    d_q_raw.noalias() += x * d_w->w_q;
-    d_k_raw.noalias() += x * d_w->w_k;
-    d_v_raw.noalias() += x * d_w->w_v;
+  Mat<Scalar> d_q_raw = d_x * w.matrices[kWeightQ], d_k_raw = d_x * w.matrices[kWeightK],
+              d_v_raw = d_x * w.matrices[kWeightV];  // (P*T, .)
+  if (d_w) {                                         // product rule: d(x W) = dx W + x dW
+    d_q_raw.noalias() += x * d_w->matrices[kWeightQ];
+    d_k_raw.noalias() += x * d_w->matrices[kWeightK];
+    d_v_raw.noalias() += x * d_w->matrices[kWeightV];
   }
   Mat<Scalar> d_q =
       projection_backward(options, false, options.heads, unrotated(options, cache.q, cache.q_unrotated),
@@ -388,8 +392,8 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
           cache.d_probs * v + probs * dv;
     }
   }
-  d_out.noalias() = cache.d_context * w.w_o;  // (P*T, d)
-  if (d_w) d_out.noalias() += cache.context * d_w->w_o;
+  d_out.noalias() = cache.d_context * w.matrices[kWeightO];  // (P*T, d)
+  if (d_w) d_out.noalias() += cache.context * d_w->matrices[kWeightO];
 }
 
 template <typename Scalar>
@@ -404,23 +408,97 @@ void attention_weight_gradients(const Mat<Scalar>& x, const AttentionOptions& op
   const Mat<Scalar>& d_k = grouped ? cache.d_k_shared : cache.d_k;
   const Mat<Scalar>& d_v = grouped ? cache.d_v_shared : cache.d_v;
   const Eigen::Index width = x.cols(), kv_width = width / options.heads * options.kv_head_count();
-  for (Mat<Scalar>* m : {&gradients.w_q, &gradients.w_o}) m->resize(width, width);
-  for (Mat<Scalar>* m : {&gradients.w_k, &gradients.w_v}) m->resize(width, kv_width);
+  gradients.resize(kAttentionWeights);
+  for (const int m : {kWeightQ, kWeightO}) gradients.matrices[m].resize(width, width);
+  for (const int m : {kWeightK, kWeightV}) gradients.matrices[m].resize(width, kv_width);
   // One product per piece: x^T dQ, x^T dK, x^T dV (before any q/k/v norm), C^T dY; with biases,
   // db = 1^T dY of the same cotangent (y = x W + b, summed over tokens).
   const Mat<Scalar>* d_raw[4] = {qk_normalised ? &cache.d_q_raw : &cache.d_q,
                                  qk_normalised ? &cache.d_k_raw : &d_k, v_normalised ? &cache.d_v_raw : &d_v,
                                  &d_out};
-  Mat<Scalar>* d_weight[4] = {&gradients.w_q, &gradients.w_k, &gradients.w_v, &gradients.w_o};
-  Vec<Scalar>* d_bias[4] = {&gradients.b_q, &gradients.b_k, &gradients.b_v, &gradients.b_o};
-  for_each_piece(pool, 4, [&](int piece) {
-    multiply_first_transposed(piece == 3 ? cache.context : x, *d_raw[piece], *d_weight[piece]);
+  for_each_piece(pool, kAttentionWeights, [&](int piece) {  // piece = AttentionWeight
+    multiply_first_transposed(piece == kWeightO ? cache.context : x, *d_raw[piece],
+                              gradients.matrices[piece]);
     if (bias) {
-      *d_bias[piece] = d_raw[piece]->colwise().sum().transpose();
+      gradients.biases[piece] = d_raw[piece]->colwise().sum().transpose();
     } else {
-      d_bias[piece]->resize(0);
+      gradients.biases[piece].resize(0);
     }
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention as a branch op (branch_op.hpp): its row in the table.
+namespace {
+AttentionOptions attention_options(const BranchSettings& settings, Eigen::Index width) {
+  AttentionOptions options;
+  options.heads = settings.heads;
+  // q/k/v norms are RMSNorm whatever --norm is: HybridNorm's "per-head RMSNorm on Q, K and V"
+  // (arXiv 2503.04598, Eq. 5) and OLMo 2's QK-norm (arXiv 2501.00656, Sec. 3.3) both specify it.
+  options.norm = NormKind::rms;
+  options.qkv_norm = settings.qkv_norm;
+  const double head_dim = static_cast<double>(width) / settings.heads;
+  options.score_scale = settings.score_scale.value_or(1.0 / std::sqrt(head_dim));
+  options.kv_heads = settings.ops.kv_heads;
+  options.norm_eps = settings.ops.norm_eps;
+  options.rope_theta = settings.ops.rope_theta;
+  options.rotary_dims = settings.ops.rotary_dims;
+  return options;
+}
+
+template <typename Scalar>
+class AttentionOp final : public BranchOp<Scalar> {
+ public:
+  void forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const BranchSettings& settings,
+               Mat<Scalar>& out, WorkPool* pool, bool with_output) override {
+    attention_forward(x, w, attention_options(settings, x.cols()), cache_, out, pool, with_output);
+  }
+  void backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const BranchSettings& settings,
+                const Mat<Scalar>& d_out, Mat<Scalar>* dx, ParamGradSquares* param_grads, WorkPool* pool,
+                std::vector<double>* output_dots) override {
+    attention_backward(x, w, attention_options(settings, x.cols()), cache_, d_out, dx, param_grads, pool,
+                       output_dots);
+  }
+  void jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const BranchSettings& settings,
+           const Mat<Scalar>& d_x, Mat<Scalar>& d_out, const SublayerWeights<Scalar>* d_w) override {
+    attention_jvp(x, w, attention_options(settings, x.cols()), cache_, d_x, d_out, d_w);
+  }
+  void weight_gradients(const Mat<Scalar>& x, const BranchSettings& settings, const Mat<Scalar>& d_out,
+                        SublayerWeights<Scalar>& gradients, bool bias, WorkPool* pool) const override {
+    attention_weight_gradients(x, attention_options(settings, x.cols()), cache_, d_out, gradients, bias,
+                               pool);
+  }
+
+ private:
+  AttentionCache<Scalar> cache_;
+};
+
+// The streams are WeightMatrix's values, as before the table: the same weights for a seed.
+std::vector<WeightSpec> attention_weights(const ModelConfig& config) {
+  const Eigen::Index d = config.width, kv_width = config.kv_width();
+  const auto spec = [](const char* name, WeightMatrix role, Eigen::Index rows, Eigen::Index cols) {
+    return WeightSpec{name, role, static_cast<std::uint64_t>(role), rows, cols};
+  };
+  return {spec("W_Q", WeightMatrix::q, d, d), spec("W_K", WeightMatrix::k, d, kv_width),
+          spec("W_V", WeightMatrix::v, d, kv_width), spec("W_O", WeightMatrix::o, d, d)};
+}
+
+BranchCost attention_cost(const ModelConfig& config) {
+  const double d = config.width, t = config.seq, kv_width = config.kv_width();
+  BranchCost cost;
+  cost.forward_flops = 2 * t * d * (2 * d + 2 * kv_width) + 2 * 2 * t * t * d;  // q, o; k, v; QK^T, AV
+  cost.fixed_scalars = config.heads * t * t * 2;  // each head's softmax and its scratch
+  return cost;
+}
+}  // namespace
+
+BranchOpRow attention_op_row() {
+  return {.name = "attention",
+          .serves = [](SublayerKind kind, const BlockOps&) { return kind == SublayerKind::attn; },
+          .weights = attention_weights,
+          .cost = attention_cost,
+          .make_float = [] { return std::unique_ptr<BranchOp<float>>(new AttentionOp<float>); },
+          .make_double = [] { return std::unique_ptr<BranchOp<double>>(new AttentionOp<double>); }};
 }
 
 #define GRADFLOW_INSTANTIATE_ATTENTION(Scalar)                                                              \

@@ -4,6 +4,7 @@
 #include <type_traits>
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include "gradflow/branch_op.hpp"
 #include "gradflow/gemm.hpp"
 #include "gradflow/lane_sum.hpp"
 #include "gradflow/ops.hpp"
@@ -150,9 +151,10 @@ void add_bias_grad_squares(const DOut& d_out, Eigen::Index tokens, std::vector<d
 template <typename Scalar>
 void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
                  FfnCache<Scalar>& cache, Mat<Scalar>& out, WorkPool* pool, bool with_output) {
-  const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols(), width = w.w_2.cols();
+  const Eigen::Index tokens = x.rows(), hidden = w.matrices[kWeightUp].cols(),
+                     width = w.matrices[kWeightDown].cols();
   const Scalar hidden_scale = static_cast<Scalar>(options.hidden_scale);
-  const bool gated = options.kind != FfnKind::gelu, bias = w.b_1.size() > 0;
+  const bool gated = options.kind != FfnKind::gelu, bias = w.bias(kWeightUp).size() > 0;
   cache.hidden_pre.resize(tokens, hidden);  // (T, hidden) s x W_1
   cache.hidden.resize(tokens, hidden);      // gelu(s x W_1), or act(s x W_1) * (s x W_3)
   if (gated) {
@@ -162,13 +164,13 @@ void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const F
   for_each_piece(pool, feature_blocks(hidden), [&](int block) {
     const FeatureBlock units = feature_block(hidden, block);
     auto pre = cache.hidden_pre.middleCols(units.begin, units.size);
-    multiply(x, w.w_1.middleCols(units.begin, units.size), pre);
-    if (bias) pre.rowwise() += w.b_1.segment(units.begin, units.size).transpose();
+    multiply(x, w.matrices[kWeightUp].middleCols(units.begin, units.size), pre);
+    if (bias) pre.rowwise() += w.bias(kWeightUp).segment(units.begin, units.size).transpose();
     if (options.hidden_scale != 1.0) pre *= hidden_scale;
     if (!gated) return gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size));
     auto gate = cache.gate_pre.middleCols(units.begin, units.size);
-    multiply(x, w.w_3.middleCols(units.begin, units.size), gate);
-    if (bias) gate.rowwise() += w.b_3.segment(units.begin, units.size).transpose();
+    multiply(x, w.matrices[kWeightGate].middleCols(units.begin, units.size), gate);
+    if (bias) gate.rowwise() += w.bias(kWeightGate).segment(units.begin, units.size).transpose();
     if (options.hidden_scale != 1.0) gate *= hidden_scale;
     auto activated = cache.activated.middleCols(units.begin, units.size);
     gate_activation_rows<Scalar>(options.kind, pre, activated);
@@ -179,8 +181,8 @@ void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const F
   for_each_piece(pool, feature_blocks(width), [&](int block) {
     const FeatureBlock columns = feature_block(width, block);
     auto out_columns = out.middleCols(columns.begin, columns.size);
-    multiply(cache.hidden, w.w_2.middleCols(columns.begin, columns.size), out_columns);
-    if (bias) out_columns.rowwise() += w.b_2.segment(columns.begin, columns.size).transpose();
+    multiply(cache.hidden, w.matrices[kWeightDown].middleCols(columns.begin, columns.size), out_columns);
+    if (bias) out_columns.rowwise() += w.bias(kWeightDown).segment(columns.begin, columns.size).transpose();
   });
 }
 
@@ -238,9 +240,10 @@ template <typename Scalar>
 void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
                   FfnCache<Scalar>& cache, const Mat<Scalar>& d_out, Mat<Scalar>* dx,
                   ParamGradSquares* param_grads, WorkPool* pool, std::vector<double>* output_dots) {
-  const Eigen::Index tokens = x.rows(), hidden = w.w_1.cols(), rows = d_out.rows(), width = x.cols();
+  const Eigen::Index tokens = x.rows(), hidden = w.matrices[kWeightUp].cols(), rows = d_out.rows(),
+                     width = x.cols();
   const Eigen::Index probes = rows / tokens;
-  const bool gated = options.kind != FfnKind::gelu, bias = w.b_1.size() > 0;
+  const bool gated = options.kind != FfnKind::gelu, bias = w.bias(kWeightUp).size() > 0;
   cache.d_hidden.resize(rows, hidden);
   cache.d_hidden_pre.resize(rows, hidden);
   if (gated) {
@@ -254,7 +257,8 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
     if (piece >= blocks) return shared_input_gram(piece - blocks, x, d_out, cache.shared_grams);
     const FeatureBlock units = feature_block(hidden, piece);
     auto d_hidden = cache.d_hidden.middleCols(units.begin, units.size);
-    multiply_transposed(d_out, w.w_2.middleRows(units.begin, units.size), d_hidden);  // (K*T, n)
+    multiply_transposed(d_out, w.matrices[kWeightDown].middleRows(units.begin, units.size),
+                        d_hidden);  // (K*T, n)
     ffn_hidden_backward(options, cache, units, d_hidden);
     if (!output_dots) return;  // <d_out, H W_2> = <d_out W_2^T, H> over this block's units
     const auto hidden_units = cache.hidden.middleCols(units.begin, units.size);
@@ -275,8 +279,10 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
     }
     const FeatureBlock c = feature_block(width, piece);
     auto d_input = cache.d_input.middleCols(c.begin, c.size);
-    multiply_transposed(cache.d_hidden_pre, w.w_1.middleRows(c.begin, c.size), d_input);
-    if (gated) multiply_transposed(cache.d_gate_pre, w.w_3.middleRows(c.begin, c.size), d_input, true);
+    multiply_transposed(cache.d_hidden_pre, w.matrices[kWeightUp].middleRows(c.begin, c.size), d_input);
+    if (gated)
+      multiply_transposed(cache.d_gate_pre, w.matrices[kWeightGate].middleRows(c.begin, c.size), d_input,
+                          true);
     dx->middleCols(c.begin, c.size) += d_input;
   });
   if (!param_grads) return;
@@ -288,8 +294,8 @@ template <typename Scalar>
 void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
              FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
              const SublayerWeights<Scalar>* d_w) {
-  cache.d_hidden.noalias() = d_x * w.w_1;             // (P*T, hidden)
-  if (d_w) cache.d_hidden.noalias() += x * d_w->w_1;  // product rule: d(x W) = dx W + x dW
+  cache.d_hidden.noalias() = d_x * w.matrices[kWeightUp];             // (P*T, hidden)
+  if (d_w) cache.d_hidden.noalias() += x * d_w->matrices[kWeightUp];  // product rule: d(x W) = dx W + x dW
   if (options.hidden_scale != 1.0) cache.d_hidden *= static_cast<Scalar>(options.hidden_scale);
   if (options.kind == FfnKind::gelu) {
     cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
@@ -297,44 +303,104 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
   } else {  // d(a * g) = g a'(pre) d pre + a d gate, with d gate = s d_x W_3
     cache.gate_slope.resize(cache.hidden_pre.rows(), cache.hidden_pre.cols());
     gate_slope_rows<Scalar>(options.kind, cache.hidden_pre, cache.gate_pre, cache.gate_slope);
-    cache.d_gate_pre.noalias() = d_x * w.w_3;
-    if (d_w) cache.d_gate_pre.noalias() += x * d_w->w_3;
+    cache.d_gate_pre.noalias() = d_x * w.matrices[kWeightGate];
+    if (d_w) cache.d_gate_pre.noalias() += x * d_w->matrices[kWeightGate];
     if (options.hidden_scale != 1.0) cache.d_gate_pre *= static_cast<Scalar>(options.hidden_scale);
     cache.d_hidden_pre.resize(cache.d_hidden.rows(), cache.d_hidden.cols());
     multiply_probe_rows(cache.gate_slope, cache.d_hidden, cache.d_hidden_pre);
     multiply_probe_rows(cache.activated, cache.d_gate_pre, cache.d_gate_pre);
     cache.d_hidden_pre += cache.d_gate_pre;
   }
-  d_out.noalias() = cache.d_hidden_pre * w.w_2;  // (P*T, d)
-  if (d_w) d_out.noalias() += cache.hidden * d_w->w_2;
+  d_out.noalias() = cache.d_hidden_pre * w.matrices[kWeightDown];  // (P*T, d)
+  if (d_w) d_out.noalias() += cache.hidden * d_w->matrices[kWeightDown];
 }
 
 template <typename Scalar>
 void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const FfnCache<Scalar>& cache,
                           const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients, bool bias,
                           WorkPool* pool) {
-  const bool gated = options.kind != FfnKind::gelu;
-  gradients.w_1.resize(x.cols(), cache.d_hidden_pre.cols());
-  gradients.w_2.resize(cache.hidden.cols(), d_out.cols());
-  if (gated) {
-    gradients.w_3.resize(x.cols(), cache.d_gate_pre.cols());
-  } else {
-    gradients.w_3.resize(0, 0);  // as the weights' w_3
-  }
-  // One product per piece: x^T dL/d(x W_1), H^T dY, x^T dL/d(x W_3) (s applied in both); with
-  // biases, db = 1^T of the same cotangent (s (x W + b) and H W_2 + b_2, summed over tokens).
+  gradients.resize(ffn_weight_count(options.kind));
+  gradients.matrices[kWeightUp].resize(x.cols(), cache.d_hidden_pre.cols());
+  gradients.matrices[kWeightDown].resize(cache.hidden.cols(), d_out.cols());
+  if (options.kind != FfnKind::gelu)
+    gradients.matrices[kWeightGate].resize(x.cols(), cache.d_gate_pre.cols());
+  // One product per piece (piece = FfnWeight): x^T dL/d(x W_1), H^T dY, x^T dL/d(x W_3) (s applied
+  // in both); with biases, db = 1^T of the same cotangent (s (x W + b) and H W_2 + b_2, summed
+  // over tokens).
   const Mat<Scalar>* d_raw[3] = {&cache.d_hidden_pre, &d_out, &cache.d_gate_pre};
-  Mat<Scalar>* d_weight[3] = {&gradients.w_1, &gradients.w_2, &gradients.w_3};
-  Vec<Scalar>* d_bias[3] = {&gradients.b_1, &gradients.b_2, &gradients.b_3};
-  if (!gated) gradients.b_3.resize(0);
-  for_each_piece(pool, gated ? 3 : 2, [&](int piece) {
-    multiply_first_transposed(piece == 1 ? cache.hidden : x, *d_raw[piece], *d_weight[piece]);
+  for_each_piece(pool, ffn_weight_count(options.kind), [&](int piece) {
+    multiply_first_transposed(piece == kWeightDown ? cache.hidden : x, *d_raw[piece],
+                              gradients.matrices[piece]);
     if (bias) {
-      *d_bias[piece] = d_raw[piece]->colwise().sum().transpose();
+      gradients.biases[piece] = d_raw[piece]->colwise().sum().transpose();
     } else {
-      d_bias[piece]->resize(0);
+      gradients.biases[piece].resize(0);
     }
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The FFN as a branch op (branch_op.hpp): its row in the table.
+namespace {
+FfnOptions ffn_options(const BranchSettings& settings) {
+  return {settings.hidden_scale, settings.ops.ffn};
+}
+
+template <typename Scalar>
+class FfnOp final : public BranchOp<Scalar> {
+ public:
+  void forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const BranchSettings& settings,
+               Mat<Scalar>& out, WorkPool* pool, bool with_output) override {
+    ffn_forward(x, w, ffn_options(settings), cache_, out, pool, with_output);
+  }
+  void backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const BranchSettings& settings,
+                const Mat<Scalar>& d_out, Mat<Scalar>* dx, ParamGradSquares* param_grads, WorkPool* pool,
+                std::vector<double>* output_dots) override {
+    ffn_backward(x, w, ffn_options(settings), cache_, d_out, dx, param_grads, pool, output_dots);
+  }
+  void jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const BranchSettings& settings,
+           const Mat<Scalar>& d_x, Mat<Scalar>& d_out, const SublayerWeights<Scalar>* d_w) override {
+    ffn_jvp(x, w, ffn_options(settings), cache_, d_x, d_out, d_w);
+  }
+  void weight_gradients(const Mat<Scalar>& x, const BranchSettings& settings, const Mat<Scalar>& d_out,
+                        SublayerWeights<Scalar>& gradients, bool bias, WorkPool* pool) const override {
+    ffn_weight_gradients(x, ffn_options(settings), cache_, d_out, gradients, bias, pool);
+  }
+
+ private:
+  FfnCache<Scalar> cache_;
+};
+
+// In FfnWeight's order. The streams are WeightMatrix's values, as before the table; W_3 has its
+// own stream and is drawn like W_1, as HF's _init_weights draws every nn.Linear alike.
+std::vector<WeightSpec> ffn_weights(const ModelConfig& config) {
+  const Eigen::Index d = config.width, hidden = config.ffn_hidden();
+  const auto spec = [](const char* name, WeightMatrix role, Eigen::Index rows, Eigen::Index cols) {
+    return WeightSpec{name, role, static_cast<std::uint64_t>(role), rows, cols};
+  };
+  std::vector<WeightSpec> specs = {spec("W_1", WeightMatrix::up, d, hidden),
+                                   spec("W_2", WeightMatrix::down, hidden, d)};
+  if (config.ffn != FfnKind::gelu) specs.push_back(spec("W_3", WeightMatrix::gate, d, hidden));
+  return specs;
+}
+
+BranchCost ffn_cost(const ModelConfig& config) {
+  const double d = config.width, t = config.seq, hidden = config.ffn_hidden();
+  const double matrices = ffn_weight_count(config.ffn);
+  BranchCost cost;
+  cost.forward_flops = 2 * t * d * hidden * matrices;
+  cost.probe_scalars = 2 * matrices * t * hidden;  // the hidden activations' cotangents
+  return cost;
+}
+}  // namespace
+
+BranchOpRow ffn_op_row() {
+  return {.name = "ffn",
+          .serves = [](SublayerKind kind, const BlockOps&) { return kind == SublayerKind::ffn; },
+          .weights = ffn_weights,
+          .cost = ffn_cost,
+          .make_float = [] { return std::unique_ptr<BranchOp<float>>(new FfnOp<float>); },
+          .make_double = [] { return std::unique_ptr<BranchOp<double>>(new FfnOp<double>); }};
 }
 
 template <typename Scalar>

@@ -5,12 +5,15 @@ namespace gradflow {
 namespace {
 // The test-only weight nudge (AnalysisHooks::weight_nudge), applied when it targets this sublayer.
 template <typename Scalar>
-void nudge_weights(const AnalysisHooks& hooks, int sublayer, SublayerWeights<Scalar>& weights) {
+void nudge_weights(const ModelConfig& config, const AnalysisHooks& hooks, int sublayer,
+                   SublayerWeights<Scalar>& weights) {
   if (!hooks.weight_nudge || hooks.weight_nudge->sublayer != sublayer) return;
   const auto& nudge = *hooks.weight_nudge;
-  Mat<Scalar>* matrices[] = {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o,
-                             &weights.w_1, &weights.w_2, &weights.w_3};  // WeightMatrix's order
-  matrices[static_cast<int>(nudge.matrix)]->data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
+  const auto specs = branch_op(config, config.sublayer_kind(sublayer)).weights(config);
+  for (std::size_t m = 0; m < specs.size(); ++m) {
+    if (specs[m].role == nudge.matrix)
+      weights.matrices[m].data()[nudge.entry] += static_cast<Scalar>(nudge.delta);
+  }
 }
 }  // namespace
 
@@ -124,7 +127,7 @@ void StackRun<Scalar>::ensure_weights(int l, int next) {
   if (loaded_[buffer] != l) {
     if (drawing_[buffer] != l) start_draw(l);
     draws_[buffer].finish();
-    nudge_weights(hooks_, l, weight_buffers_[buffer]);
+    nudge_weights(config_, hooks_, l, weight_buffers_[buffer]);
     loaded_[buffer] = l;
     drawing_[buffer] = -1;
   }

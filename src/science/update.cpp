@@ -153,22 +153,19 @@ void rule_step(UpdateRule rule, double lr, const Dense& g, double log_scale, Den
 }
 
 template <typename Scalar>
-double optimizer_step(UpdateRule rule, double lr, SublayerKind kind, const SublayerWeights<Scalar>& scaled,
-                      double log_scale, SublayerWeights<Scalar>& step, WorkPool* pool) {
-  const auto from = matrices(scaled);
-  const auto to = matrices(step);
-  const auto from_bias = biases(scaled);
-  const auto to_bias = biases(step);
-  double inners[kMatrixKindCount] = {};
-  for_each_matrix(kind, pool, [&](int m) {
-    rule_step(rule, lr, *from[m], log_scale, *to[m]);
-    inners[m] = lane_dot(from[m]->data(), to[m]->data(), from[m]->size());
-    rule_step(rule, lr, *from_bias[m], log_scale, *to_bias[m]);  // empty without --bias
-    inners[m] += lane_dot(from_bias[m]->data(), to_bias[m]->data(), from_bias[m]->size());
+double optimizer_step(UpdateRule rule, double lr, const SublayerWeights<Scalar>& scaled, double log_scale,
+                      SublayerWeights<Scalar>& step, WorkPool* pool) {
+  const std::size_t count = scaled.matrices.size();
+  step.resize(count);
+  std::vector<double> inners(count, 0.0);
+  for_each_weight(count, pool, [&](int m) {
+    rule_step(rule, lr, scaled.matrices[m], log_scale, step.matrices[m]);
+    inners[m] = lane_dot(scaled.matrices[m].data(), step.matrices[m].data(), scaled.matrices[m].size());
+    rule_step(rule, lr, scaled.biases[m], log_scale, step.biases[m]);  // empty without --bias
+    inners[m] += lane_dot(scaled.biases[m].data(), step.biases[m].data(), scaled.biases[m].size());
   });
-  const auto [first, last] = matrix_range(kind);
   double inner = 0;  // <g / exp(log_scale), Delta theta>
-  for (int m = first; m < last; ++m) inner += inners[m];
+  for (const double part : inners) inner += part;
   return inner * std::exp(log_scale);  // update_loss = <g, Delta theta>
 }
 
@@ -198,22 +195,25 @@ struct SublayerStep {
 };
 
 template <typename Scalar>
-void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, BranchContext<Scalar>& branch,
-                   SublayerStep<Scalar>& work, SteppedPass<Scalar>& pass) {
+void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, const std::vector<WeightSpec>& specs,
+                   BranchContext<Scalar>& branch, SublayerStep<Scalar>& work, SteppedPass<Scalar>& pass) {
   StackRun<Scalar>& run = analysis.run;
   const ModelConfig& config = run.config();
   SeedResult& result = analysis.result;
   const double log_scale = analysis.probes.probe0_log_scale[l + 1];
   const SublayerWeights<Scalar>& weights = *branch.weights;
-  const SublayerKind kind = config.sublayer_kind(l);
-  double loss = optimizer_step(config.update, config.learning_rates[i], kind, work.gradient, log_scale,
-                               work.step, branch.pool);
-  // step_rel is over the matrices: the biases start at zero, so their relative step has no scale.
-  for_each_matrix(kind, branch.pool, [&](int m) {
-    pass.step_squares[m] += squared_norm(*matrices(work.step)[m]);
-    *matrices(work.stepped)[m] = *matrices(weights)[m] + *matrices(work.step)[m];
-    *biases(work.stepped)[m] = *biases(weights)[m] + *biases(work.step)[m];
+  double loss = optimizer_step(config.update, config.learning_rates[i], work.gradient, log_scale, work.step,
+                               branch.pool);
+  // step_rel is over the matrices, by kind: the biases start at zero, so their relative step has no scale.
+  work.stepped.resize(specs.size());
+  std::vector<double> step_squares(specs.size());
+  for_each_weight(specs.size(), branch.pool, [&](int m) {
+    step_squares[m] = squared_norm(work.step.matrices[m]);
+    work.stepped.matrices[m] = weights.matrices[m] + work.step.matrices[m];
+    work.stepped.biases[m] = weights.biases[m] + work.step.biases[m];
   });
+  for (std::size_t m = 0; m < specs.size(); ++m)
+    pass.step_squares[static_cast<int>(specs[m].role)] += step_squares[m];
   if (config.update_norm_gains) {
     loss += gain_step(config.update, config.learning_rates[i], work.gain_gradient, log_scale, work.gain_step);
     for (const auto& delta : work.gain_step) pass.gain_step_squares += squared_norm(delta);
@@ -250,15 +250,23 @@ void compute_update(SeedAnalysis<Scalar>& analysis) {
     result.updates[i].delta_loss_first_order = 0.0;
     record_moved_state(result, i, 0, passes[i].state, run.state(0));
   }
-  SublayerStep<Scalar> work;
+  // One set of buffers per branch op, so that attention's and the FFN's are each sized once.
+  std::vector<SublayerStep<Scalar>> work_by_op(branch_ops().size());
   for (int l = 0; l < run.sublayers(); ++l) {
+    const SublayerKind kind = config.sublayer_kind(l);
+    const BlockOps ops = block_ops(config);
+    SublayerStep<Scalar>& work = work_by_op[static_cast<std::size_t>(branch_op_index(kind, ops))];
+    const std::vector<WeightSpec> specs = branch_op(kind, ops).weights(config);
     auto branch = sublayer_weight_gradient(analysis, l, work.gradient,
                                            config.update_norm_gains ? &work.gain_gradient : nullptr);
-    for_each_matrix(config.sublayer_kind(l), branch.pool,
-                    [&](int m) { weight_squares[m] += squared_norm(*matrices(*branch.weights)[m]); });
+    std::vector<double> squares(specs.size());
+    for_each_weight(specs.size(), branch.pool,
+                    [&](int m) { squares[m] = squared_norm(branch.weights->matrices[m]); });
+    for (std::size_t m = 0; m < specs.size(); ++m)
+      weight_squares[static_cast<int>(specs[m].role)] += squares[m];
     if (config.update_norm_gains) gain_squares += gain_count(work.gain_gradient);
     for (int i = 0; i < count; ++i) {
-      if (passes[i].finite) step_sublayer(analysis, l, i, branch, work, passes[i]);
+      if (passes[i].finite) step_sublayer(analysis, l, i, specs, branch, work, passes[i]);
     }
   }
   HeadGains<Scalar> head;
@@ -279,9 +287,9 @@ template double gain_step(UpdateRule, double, const std::vector<Mat<float>>&, do
                           std::vector<Mat<float>>&);
 template double gain_step(UpdateRule, double, const std::vector<Mat<double>>&, double,
                           std::vector<Mat<double>>&);
-template double optimizer_step(UpdateRule, double, SublayerKind, const SublayerWeights<float>&, double,
+template double optimizer_step(UpdateRule, double, const SublayerWeights<float>&, double,
                                SublayerWeights<float>&, WorkPool*);
-template double optimizer_step(UpdateRule, double, SublayerKind, const SublayerWeights<double>&, double,
+template double optimizer_step(UpdateRule, double, const SublayerWeights<double>&, double,
                                SublayerWeights<double>&, WorkPool*);
 
 }  // namespace gradflow

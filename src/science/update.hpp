@@ -1,7 +1,7 @@
 // One optimizer step on probe 0's loss (--update; metrics.md, "The model update"): the pieces the
 // update family (update.cpp) is built from, shared with its tests.
 #pragma once
-#include <array>
+#include <utility>
 
 #include "seed_analysis.hpp"
 
@@ -27,8 +27,8 @@ BranchContext<Scalar> sublayer_weight_gradient(SeedAnalysis<Scalar>& analysis, i
 // and, with --bias, every bias. Each matrix (with its bias) is a piece of the pool, the per-piece
 // sums added in matrix order: the bits do not depend on threads.
 template <typename Scalar>
-double optimizer_step(UpdateRule rule, double lr, SublayerKind kind, const SublayerWeights<Scalar>& scaled,
-                      double log_scale, SublayerWeights<Scalar>& step, WorkPool* pool = nullptr);
+double optimizer_step(UpdateRule rule, double lr, const SublayerWeights<Scalar>& scaled, double log_scale,
+                      SublayerWeights<Scalar>& step, WorkPool* pool = nullptr);
 
 // The same rule on the norms' gains (--update-params all): Delta gamma per value id from the
 // gradient exp(log_scale) * scaled; returns <dL/dgamma, Delta gamma>.
@@ -36,37 +36,10 @@ template <typename Scalar>
 double gain_step(UpdateRule rule, double lr, const std::vector<Mat<Scalar>>& scaled, double log_scale,
                  std::vector<Mat<Scalar>>& step);
 
-// Which of kMatrixKinds a sublayer of this kind has: [first, last).
-inline std::pair<int, int> matrix_range(SublayerKind kind) {
-  return kind == SublayerKind::attn ? std::pair{0, 4} : std::pair{4, 7};
-}
-
-// Runs work(m) for each of the kind's matrices, a matrix per piece of the pool (when given).
+// Runs work(m) for each of the `count` weights of a sublayer, a weight per piece of the pool (when given).
 template <typename Work>
-void for_each_matrix(SublayerKind kind, WorkPool* pool, Work&& work) {
-  const auto [first, last] = matrix_range(kind);
-  for_each_piece(pool, last - first, [&](int piece) { work(first + piece); });
-}
-
-// The sublayer's matrices in SublayerWeights' (and kMatrixKinds') order; empty ones are not set.
-template <typename Scalar>
-std::array<Mat<Scalar>*, kMatrixKindCount> matrices(SublayerWeights<Scalar>& weights) {
-  return {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2, &weights.w_3};
-}
-template <typename Scalar>
-std::array<const Mat<Scalar>*, kMatrixKindCount> matrices(const SublayerWeights<Scalar>& weights) {
-  return {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o, &weights.w_1, &weights.w_2, &weights.w_3};
-}
-
-// The sublayer's biases (--bias) in the order of its matrices: b_q, b_k, b_v, b_o, b_1, b_2, b_3;
-// empty without --bias (and b_3 without a gated FFN).
-template <typename Scalar>
-std::array<Vec<Scalar>*, kMatrixKindCount> biases(SublayerWeights<Scalar>& weights) {
-  return {&weights.b_q, &weights.b_k, &weights.b_v, &weights.b_o, &weights.b_1, &weights.b_2, &weights.b_3};
-}
-template <typename Scalar>
-std::array<const Vec<Scalar>*, kMatrixKindCount> biases(const SublayerWeights<Scalar>& weights) {
-  return {&weights.b_q, &weights.b_k, &weights.b_v, &weights.b_o, &weights.b_1, &weights.b_2, &weights.b_3};
+void for_each_weight(std::size_t count, WorkPool* pool, Work&& work) {
+  for_each_piece(pool, static_cast<int>(count), std::forward<Work>(work));
 }
 
 }  // namespace gradflow

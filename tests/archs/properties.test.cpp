@@ -159,19 +159,20 @@ TEST_CASE("ngpt: the FFN's hidden pre-activation is scaled by s_uv = sqrt(d) (in
   for (int l = 0; l < config.sublayers(); ++l) {
     const auto name = [l](const char* matrix) { return fmt::format("sublayer.{:04d}.{}", l, matrix); };
     SublayerWeights<double> weights;
+    weights.resize(kAttentionWeights);
     Mat<double> f;
     if (config.sublayer_kind(l) == SublayerKind::attn) {
-      weights.w_q = to_matrix(tensor(tensors, name("W_Q")), d, d);
-      weights.w_k = to_matrix(tensor(tensors, name("W_K")), d, d);
-      weights.w_v = to_matrix(tensor(tensors, name("W_V")), d, d);
-      weights.w_o = to_matrix(tensor(tensors, name("W_O")), d, d);
+      weights.matrices[kWeightQ] = to_matrix(tensor(tensors, name("W_Q")), d, d);
+      weights.matrices[kWeightK] = to_matrix(tensor(tensors, name("W_K")), d, d);
+      weights.matrices[kWeightV] = to_matrix(tensor(tensors, name("W_V")), d, d);
+      weights.matrices[kWeightO] = to_matrix(tensor(tensors, name("W_O")), d, d);
       attention_forward(x, weights, options, attention, f);
     } else {
-      weights.w_1 = s_uv * to_matrix(tensor(tensors, name("W_1")), d, hidden);
-      weights.w_2 = to_matrix(tensor(tensors, name("W_2")), hidden, d);
+      weights.matrices[kWeightUp] = s_uv * to_matrix(tensor(tensors, name("W_1")), d, hidden);
+      weights.matrices[kWeightDown] = to_matrix(tensor(tensors, name("W_2")), hidden, d);
       ffn_forward(x, weights, FfnOptions{}, ffn, f);
       // The same sublayer without s_uv, to show that the comparison below can tell them apart.
-      weights.w_1 /= s_uv;
+      weights.matrices[kWeightUp] /= s_uv;
       Mat<double> f_unscaled;
       ffn_forward(x, weights, FfnOptions{}, ffn, f_unscaled);
       const Mat<double> unscaled_update = alpha * (unit(f_unscaled) - unit(x));
@@ -216,16 +217,17 @@ TEST_CASE("admin: the profiled weights satisfy w_{l+1}^2 = w_l^2 Var[x_l] + Var[
   for (int l = 0; l < config.sublayers(); ++l) {
     const auto name = [l](const char* matrix) { return fmt::format("sublayer.{:04d}.{}", l, matrix); };
     SublayerWeights<double> weights;
+    weights.resize(kAttentionWeights);
     Mat<double> f;
     if (config.sublayer_kind(l) == SublayerKind::attn) {
-      weights.w_q = to_matrix(tensor(tensors, name("W_Q")), d, d);
-      weights.w_k = to_matrix(tensor(tensors, name("W_K")), d, d);
-      weights.w_v = to_matrix(tensor(tensors, name("W_V")), d, d);
-      weights.w_o = to_matrix(tensor(tensors, name("W_O")), d, d);
+      weights.matrices[kWeightQ] = to_matrix(tensor(tensors, name("W_Q")), d, d);
+      weights.matrices[kWeightK] = to_matrix(tensor(tensors, name("W_K")), d, d);
+      weights.matrices[kWeightV] = to_matrix(tensor(tensors, name("W_V")), d, d);
+      weights.matrices[kWeightO] = to_matrix(tensor(tensors, name("W_O")), d, d);
       attention_forward(x, weights, options, attention, f);
     } else {
-      weights.w_1 = to_matrix(tensor(tensors, name("W_1")), d, hidden);
-      weights.w_2 = to_matrix(tensor(tensors, name("W_2")), hidden, d);
+      weights.matrices[kWeightUp] = to_matrix(tensor(tensors, name("W_1")), d, hidden);
+      weights.matrices[kWeightDown] = to_matrix(tensor(tensors, name("W_2")), hidden, d);
       ffn_forward(x, weights, FfnOptions{}, ffn, f);
     }
     CAPTURE(l);

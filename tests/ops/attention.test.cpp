@@ -11,11 +11,12 @@ using namespace gradflow::testing;
 namespace {
 SublayerWeights<double> attention_weights(int d, unsigned seed) {
   SublayerWeights<double> w;
+  w.resize(kAttentionWeights);
   const double scale = 1.0 / std::sqrt(d);
-  w.w_q = random_matrix(d, d, seed, scale);
-  w.w_k = random_matrix(d, d, seed + 1, scale);
-  w.w_v = random_matrix(d, d, seed + 2, scale);
-  w.w_o = random_matrix(d, d, seed + 3, scale);
+  w.matrices[kWeightQ] = random_matrix(d, d, seed, scale);
+  w.matrices[kWeightK] = random_matrix(d, d, seed + 1, scale);
+  w.matrices[kWeightV] = random_matrix(d, d, seed + 2, scale);
+  w.matrices[kWeightO] = random_matrix(d, d, seed + 3, scale);
   return w;
 }
 }  // namespace

@@ -16,29 +16,31 @@ Vec<double> random_vector(Eigen::Index n, unsigned seed) {
 
 SublayerWeights<double> gated_ffn_weights(int d, int hidden, bool bias, unsigned seed) {
   SublayerWeights<double> w;
-  w.w_1 = random_matrix(d, hidden, seed, 1.0 / std::sqrt(d));
-  w.w_3 = random_matrix(d, hidden, seed + 1, 1.0 / std::sqrt(d));
-  w.w_2 = random_matrix(hidden, d, seed + 2, 1.0 / std::sqrt(hidden));
+  w.resize(ffn_weight_count(FfnKind::swiglu));
+  w.matrices[kWeightUp] = random_matrix(d, hidden, seed, 1.0 / std::sqrt(d));
+  w.matrices[kWeightGate] = random_matrix(d, hidden, seed + 1, 1.0 / std::sqrt(d));
+  w.matrices[kWeightDown] = random_matrix(hidden, d, seed + 2, 1.0 / std::sqrt(hidden));
   if (bias) {  // non-zero, so that the forward's use of them is checked too
-    w.b_1 = random_vector(hidden, seed + 3);
-    w.b_3 = random_vector(hidden, seed + 4);
-    w.b_2 = random_vector(d, seed + 5);
+    w.biases[kWeightUp] = random_vector(hidden, seed + 3);
+    w.biases[kWeightGate] = random_vector(hidden, seed + 4);
+    w.biases[kWeightDown] = random_vector(d, seed + 5);
   }
   return w;
 }
 
 SublayerWeights<double> gqa_weights(int d, int kv_width, bool bias, unsigned seed) {
   SublayerWeights<double> w;
+  w.resize(kAttentionWeights);
   const double scale = 1.0 / std::sqrt(d);
-  w.w_q = random_matrix(d, d, seed, scale);
-  w.w_k = random_matrix(d, kv_width, seed + 1, scale);
-  w.w_v = random_matrix(d, kv_width, seed + 2, scale);
-  w.w_o = random_matrix(d, d, seed + 3, scale);
+  w.matrices[kWeightQ] = random_matrix(d, d, seed, scale);
+  w.matrices[kWeightK] = random_matrix(d, kv_width, seed + 1, scale);
+  w.matrices[kWeightV] = random_matrix(d, kv_width, seed + 2, scale);
+  w.matrices[kWeightO] = random_matrix(d, d, seed + 3, scale);
   if (bias) {
-    w.b_q = random_vector(d, seed + 4);
-    w.b_k = random_vector(kv_width, seed + 5);
-    w.b_v = random_vector(kv_width, seed + 6);
-    w.b_o = random_vector(d, seed + 7);
+    w.biases[kWeightQ] = random_vector(d, seed + 4);
+    w.biases[kWeightK] = random_vector(kv_width, seed + 5);
+    w.biases[kWeightV] = random_vector(kv_width, seed + 6);
+    w.biases[kWeightO] = random_vector(d, seed + 7);
   }
   return w;
 }
@@ -75,8 +77,8 @@ std::vector<double> param_grad_squares_by_differences(
           }
         });
   };
-  for (MatD* m : {&w.w_q, &w.w_k, &w.w_v, &w.w_o, &w.w_1, &w.w_3, &w.w_2}) visit(m->data(), m->size());
-  for (Vec<double>* b : {&w.b_q, &w.b_k, &w.b_v, &w.b_o, &w.b_1, &w.b_3, &w.b_2}) visit(b->data(), b->size());
+  for (MatD& m : w.matrices) visit(m.data(), m.size());
+  for (Vec<double>& b : w.biases) visit(b.data(), b.size());
   return squares;
 }
 }  // namespace
@@ -162,8 +164,8 @@ TEST_CASE("parameter-gradient norms of the new ops, biases and W_3 included, mat
     CAPTURE(to_string(kind));
     auto w = gated_ffn_weights(d, 16, true, 53);
     if (kind == FfnKind::gelu) {
-      w.w_3.resize(0, 0);
-      w.b_3.resize(0);
+      w.matrices[kWeightGate].resize(0, 0);
+      w.biases[kWeightGate].resize(0);
     }
     const FfnOptions options{1.0, kind};
     FfnCache<double> cache;
@@ -240,12 +242,14 @@ TEST_CASE("grouped-query attention equals multi-head attention with each key/val
   const MatD x = random_matrix(5, d, 81);
   const auto grouped = gqa_weights(d, kv_heads * head_dim, false, 83);
   SublayerWeights<double> repeated = grouped;  // repeat_interleave of the key/value heads
-  repeated.w_k.resize(d, d);
-  repeated.w_v.resize(d, d);
+  repeated.matrices[kWeightK].resize(d, d);
+  repeated.matrices[kWeightV].resize(d, d);
   for (int h = 0; h < heads; ++h) {
     const int g = h / (heads / kv_heads);
-    repeated.w_k.middleCols(h * head_dim, head_dim) = grouped.w_k.middleCols(g * head_dim, head_dim);
-    repeated.w_v.middleCols(h * head_dim, head_dim) = grouped.w_v.middleCols(g * head_dim, head_dim);
+    repeated.matrices[kWeightK].middleCols(h * head_dim, head_dim) =
+        grouped.matrices[kWeightK].middleCols(g * head_dim, head_dim);
+    repeated.matrices[kWeightV].middleCols(h * head_dim, head_dim) =
+        grouped.matrices[kWeightV].middleCols(g * head_dim, head_dim);
   }
   AttentionOptions options{heads, NormKind::rms, QkvNorm::none, 0.5};
   const MatD reference = attention_out(x, repeated, options);

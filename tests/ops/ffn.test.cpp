@@ -30,8 +30,9 @@ TEST_CASE("ffn_backward matches central differences, and its parameter gradient 
     CAPTURE(hidden_scale);
     const FfnOptions options{hidden_scale};
     SublayerWeights<double> w;
-    w.w_1 = random_matrix(d, 4 * d, 12, 0.4);
-    w.w_2 = random_matrix(4 * d, d, 13, 0.2);
+    w.resize(ffn_weight_count(FfnKind::gelu));
+    w.matrices[kWeightUp] = random_matrix(d, 4 * d, 12, 0.4);
+    w.matrices[kWeightDown] = random_matrix(4 * d, d, 13, 0.2);
     const MatD x = random_matrix(5, d, 14);
     const auto forward = [&](const MatD& in) {
       FfnCache<double> cache;
@@ -57,7 +58,7 @@ TEST_CASE("ffn_backward matches central differences, and its parameter gradient 
     ffn_backward(x, w, options, cache, dy, &dx, &squares);
     double numeric = 0;
     const double h = 1e-6;
-    for (auto* matrix : {&w.w_1, &w.w_2}) {
+    for (auto* matrix : {&w.matrices[kWeightUp], &w.matrices[kWeightDown]}) {
       for_each_central_difference(
           matrix->data(), matrix->size(), h, [&] { return dy.cwiseProduct(forward(x)).sum(); },
           [&](Eigen::Index, double up, double down) { numeric += std::pow((up - down) / (2 * h), 2); });
@@ -72,10 +73,12 @@ TEST_CASE("ffn hidden scale s: the output is that of W_1 scaled by s, the gradie
   const int d = 4;
   const double hidden_scale = 2.0;  // nGPT's s_uv = sqrt(d)
   SublayerWeights<double> w, scaled;
-  w.w_1 = random_matrix(d, 4 * d, 21, 0.4);
-  w.w_2 = random_matrix(4 * d, d, 22, 0.2);
-  scaled.w_1 = hidden_scale * w.w_1;
-  scaled.w_2 = w.w_2;
+  w.resize(ffn_weight_count(FfnKind::gelu));
+  scaled.resize(ffn_weight_count(FfnKind::gelu));
+  w.matrices[kWeightUp] = random_matrix(d, 4 * d, 21, 0.4);
+  w.matrices[kWeightDown] = random_matrix(4 * d, d, 22, 0.2);
+  scaled.matrices[kWeightUp] = hidden_scale * w.matrices[kWeightUp];
+  scaled.matrices[kWeightDown] = w.matrices[kWeightDown];
   const MatD x = random_matrix(3, d, 23), dy = random_matrix(3, d, 24);
   FfnCache<double> cache, scaled_cache;
   MatD out, scaled_out, dx = MatD::Zero(3, d), scaled_dx = MatD::Zero(3, d);
@@ -88,7 +91,7 @@ TEST_CASE("ffn hidden scale s: the output is that of W_1 scaled by s, the gradie
   CHECK((dx - scaled_dx).norm() <= 1e-14 * dx.norm());
   // dL/dW_1 = s x^T dL/d(s x W_1), s times the scaled weight's gradient x^T dL/d(x sW_1), while
   // dL/dW_2 is the same: the squares differ by (s^2 - 1) |x^T dL/d(x sW_1)|^2.
-  const MatD d_hidden = dy * w.w_2.transpose();
+  const MatD d_hidden = dy * w.matrices[kWeightDown].transpose();
   MatD d_pre = MatD::Zero(3, 4 * d);
   gelu_backward(scaled_cache.hidden_pre, d_hidden, d_pre);
   const double scaled_w1_squares = (x.transpose() * d_pre).squaredNorm();
@@ -123,8 +126,9 @@ TEST_CASE("ffn_jvp matches central differences") {
     CAPTURE(hidden_scale);
     const FfnOptions options{hidden_scale};
     SublayerWeights<double> w;
-    w.w_1 = random_matrix(d, 4 * d, 52, 0.4);
-    w.w_2 = random_matrix(4 * d, d, 53, 0.2);
+    w.resize(ffn_weight_count(FfnKind::gelu));
+    w.matrices[kWeightUp] = random_matrix(d, 4 * d, 52, 0.4);
+    w.matrices[kWeightDown] = random_matrix(4 * d, d, 53, 0.2);
     const MatD x = random_matrix(5, d, 54);
     const auto forward = [&](const MatD& in) {
       FfnCache<double> cache;

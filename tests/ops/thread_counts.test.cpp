@@ -34,13 +34,15 @@ struct Outputs {
 // blocks of output columns (128, 128, 64) and ten of hidden units.
 Outputs sublayers_on(WorkPool* pool) {
   const int d = 320, tokens = 12, probes = 3;
-  SublayerWeights<float> w;
-  w.w_q = random_float(d, d, 1, 0.15);
-  w.w_k = random_float(d, d, 2, 0.15);
-  w.w_v = random_float(d, d, 3, 0.15);
-  w.w_o = random_float(d, d, 4, 0.15);
-  w.w_1 = random_float(d, 4 * d, 5, 0.1);
-  w.w_2 = random_float(4 * d, d, 6, 0.1);
+  SublayerWeights<float> w, f;  // attention's, the FFN's
+  w.resize(kAttentionWeights);
+  f.resize(ffn_weight_count(FfnKind::swiglu));
+  w.matrices[kWeightQ] = random_float(d, d, 1, 0.15);
+  w.matrices[kWeightK] = random_float(d, d, 2, 0.15);
+  w.matrices[kWeightV] = random_float(d, d, 3, 0.15);
+  w.matrices[kWeightO] = random_float(d, d, 4, 0.15);
+  f.matrices[kWeightUp] = random_float(d, 4 * d, 5, 0.1);
+  f.matrices[kWeightDown] = random_float(4 * d, d, 6, 0.1);
   const Mat<float> x = random_float(tokens, d, 7, 1.0), dy = random_float(probes * tokens, d, 8, 1.0);
   AttentionOptions attention;
   attention.heads = 4;
@@ -53,9 +55,9 @@ Outputs sublayers_on(WorkPool* pool) {
   attention_backward(x, w, attention, attention_cache, dy, &o.attention_dx, &o.attention_squares, pool,
                      &o.attention_dots);
   FfnCache<float> ffn_cache;
-  ffn_forward(x, w, FfnOptions{}, ffn_cache, o.ffn_out, pool);
+  ffn_forward(x, f, FfnOptions{}, ffn_cache, o.ffn_out, pool);
   o.ffn_dx = Mat<float>::Zero(probes * tokens, d);
-  ffn_backward(x, w, FfnOptions{}, ffn_cache, dy, &o.ffn_dx, &o.ffn_squares, pool, &o.ffn_dots);
+  ffn_backward(x, f, FfnOptions{}, ffn_cache, dy, &o.ffn_dx, &o.ffn_squares, pool, &o.ffn_dots);
   return o;
 }
 }  // namespace
@@ -84,13 +86,15 @@ TEST_CASE("the ops give the same bits on every thread count, on WorkPool's worke
 TEST_CASE("ffn and attention variants give the same bits on seven threads as on one") {
   const int d = 64, tokens = 12, probes = 3;
   WorkPool seven(7, false);
-  SublayerWeights<float> w;
-  w.w_q = random_float(d, d, 1, 0.15);
-  w.w_k = random_float(d, d, 2, 0.15);
-  w.w_v = random_float(d, d, 3, 0.15);
-  w.w_o = random_float(d, d, 4, 0.15);
-  w.w_1 = random_float(d, 4 * d, 5, 0.1);
-  w.w_2 = random_float(4 * d, d, 6, 0.1);
+  SublayerWeights<float> w, f;  // attention's, the FFN's
+  w.resize(kAttentionWeights);
+  f.resize(ffn_weight_count(FfnKind::swiglu));
+  w.matrices[kWeightQ] = random_float(d, d, 1, 0.15);
+  w.matrices[kWeightK] = random_float(d, d, 2, 0.15);
+  w.matrices[kWeightV] = random_float(d, d, 3, 0.15);
+  w.matrices[kWeightO] = random_float(d, d, 4, 0.15);
+  f.matrices[kWeightUp] = random_float(d, 4 * d, 5, 0.1);
+  f.matrices[kWeightDown] = random_float(4 * d, d, 6, 0.1);
   const Mat<float> x = random_float(tokens, d, 7);
   const Mat<float> dy = random_float(probes * tokens, d, 8);
 
@@ -100,13 +104,13 @@ TEST_CASE("ffn and attention variants give the same bits on seven threads as on 
       const FfnOptions options{hidden_scale};
       FfnCache<float> one, two;
       Mat<float> out_one, out_two;
-      ffn_forward(x, w, options, one, out_one);
-      ffn_forward(x, w, options, two, out_two, &seven);
+      ffn_forward(x, f, options, one, out_one);
+      ffn_forward(x, f, options, two, out_two, &seven);
       CHECK(same_bits(out_one, out_two));
       Mat<float> dx_one = Mat<float>::Zero(probes * tokens, d), dx_two = dx_one;
       ParamGradSquares squares_one, squares_two;
-      ffn_backward(x, w, options, one, dy, &dx_one, &squares_one);
-      ffn_backward(x, w, options, two, dy, &dx_two, &squares_two, &seven);
+      ffn_backward(x, f, options, one, dy, &dx_one, &squares_one);
+      ffn_backward(x, f, options, two, dy, &dx_two, &squares_two, &seven);
       CHECK(same_bits(dx_one, dx_two));
       CHECK(squares_one == squares_two);
     }
@@ -136,11 +140,11 @@ TEST_CASE("ffn and attention variants give the same bits on seven threads as on 
     }
   }
   SUBCASE("gated ffn with biases") {
-    SublayerWeights<float> gated = w;
-    gated.w_3 = random_float(d, 4 * d, 9, 0.1);
-    gated.b_1 = random_float(4 * d, 1, 10, 0.1);
-    gated.b_3 = random_float(4 * d, 1, 11, 0.1);
-    gated.b_2 = random_float(d, 1, 12, 0.1);
+    SublayerWeights<float> gated = f;
+    gated.matrices[kWeightGate] = random_float(d, 4 * d, 9, 0.1);
+    gated.biases[kWeightUp] = random_float(4 * d, 1, 10, 0.1);
+    gated.biases[kWeightGate] = random_float(4 * d, 1, 11, 0.1);
+    gated.biases[kWeightDown] = random_float(d, 1, 12, 0.1);
     for (const FfnKind kind : {FfnKind::swiglu, FfnKind::geglu}) {
       CAPTURE(to_string(kind));
       const FfnOptions options{1.0, kind};
@@ -162,12 +166,12 @@ TEST_CASE("ffn and attention variants give the same bits on seven threads as on 
       CAPTURE(kv_heads);
       const int head_dim = d / 8;
       SublayerWeights<float> grouped = w;
-      grouped.w_k = random_float(d, kv_heads * head_dim, 13, 0.15);
-      grouped.w_v = random_float(d, kv_heads * head_dim, 14, 0.15);
-      grouped.b_q = random_float(d, 1, 15, 0.1);
-      grouped.b_k = random_float(kv_heads * head_dim, 1, 16, 0.1);
-      grouped.b_v = random_float(kv_heads * head_dim, 1, 17, 0.1);
-      grouped.b_o = random_float(d, 1, 18, 0.1);
+      grouped.matrices[kWeightK] = random_float(d, kv_heads * head_dim, 13, 0.15);
+      grouped.matrices[kWeightV] = random_float(d, kv_heads * head_dim, 14, 0.15);
+      grouped.biases[kWeightQ] = random_float(d, 1, 15, 0.1);
+      grouped.biases[kWeightK] = random_float(kv_heads * head_dim, 1, 16, 0.1);
+      grouped.biases[kWeightV] = random_float(kv_heads * head_dim, 1, 17, 0.1);
+      grouped.biases[kWeightO] = random_float(d, 1, 18, 0.1);
       AttentionOptions options;
       options.heads = 8;
       options.kv_heads = kv_heads;

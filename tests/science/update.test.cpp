@@ -79,8 +79,7 @@ double worst_linearisation_error(const ModelConfig& config, const Architecture& 
     auto branch =
         sublayer_weight_gradient(analysis, l, gradient, config.update_norm_gains ? &gain_gradient : nullptr);
     const SublayerWeights<double>& weights = *branch.weights;
-    optimizer_step(UpdateRule::sgd, lr, config.sublayer_kind(l), gradient,
-                   analysis.probes.probe0_log_scale[l + 1], step);
+    optimizer_step(UpdateRule::sgd, lr, gradient, analysis.probes.probe0_log_scale[l + 1], step);
     if (config.update_norm_gains) {
       gain_step(UpdateRule::sgd, lr, gain_gradient, analysis.probes.probe0_log_scale[l + 1], gain_delta);
       gains.resize(gain_delta.size());
@@ -92,8 +91,11 @@ double worst_linearisation_error(const ModelConfig& config, const Architecture& 
                        config.update_norm_gains ? &gain_delta : nullptr);
     tangent = next;
     if (config.update_norm_gains) branch.norm_gains = &gains;
-    const auto [first, last] = matrix_range(config.sublayer_kind(l));
-    for (int m = first; m < last; ++m) *matrices(moved)[m] = *matrices(weights)[m] + *matrices(step)[m];
+    moved.resize(weights.matrices.size());
+    for (std::size_t m = 0; m < weights.matrices.size(); ++m) {
+      moved.matrices[m] = weights.matrices[m] + step.matrices[m];
+      moved.biases[m] = weights.biases[m] + step.biases[m];
+    }
     branch.weights = &moved;
     run.executor().forward(run.graph(), stepped, branch);
     stepped.resize(run.graph().outputs().size());

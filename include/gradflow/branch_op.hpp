@@ -1,0 +1,108 @@
+// The branch ops as one table: each row is an op a sublayer's branch F can be (attention, the
+// FFN), with its weights as a list of named tensors, its cost, and a maker for its forward,
+// backward, JVP and weight gradients. The graph (graph.cpp), the initialisation
+// (initialization.cpp), --update's step (science/update.cpp) and the estimates (config.cpp) read
+// the table, so a new op is its own file plus one row in src/ops/branch_ops.cpp.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "gradflow/config.hpp"
+#include "gradflow/ops.hpp"
+
+namespace gradflow {
+
+// The block's ops as --ffn, --kv-heads, --rope-theta/--rope-fraction and --norm-eps set them.
+struct BlockOps {
+  FfnKind ffn = FfnKind::gelu;
+  int kv_heads = 0;  // 0: = heads
+  double rope_theta = 0.0;
+  int rotary_dims = 0;  // 0: no rotary embedding
+  double norm_eps = kNormEps;
+};
+BlockOps block_ops(const ModelConfig& config);
+
+// What an op reads besides its input and weights: the block's ops and the placement's options
+// for this sublayer's branch (SublayerGraph::branch). Each op uses the options of its kind only.
+struct BranchSettings {
+  int heads = 1;
+  BlockOps ops{};
+  QkvNorm qkv_norm = QkvNorm::none;   // attention: q/k/v normalisation
+  std::optional<double> score_scale;  // attention: the softmax scale; unset = 1/sqrt(head_dim)
+  double hidden_scale = 1.0;          // FFN: the scale of the hidden pre-activations (nGPT's s_uv)
+};
+
+// One weight of an op, y = x W (+ b) with W (rows, cols) = (fan_in, fan_out).
+struct WeightSpec {
+  std::string name;      // the exported tensor's name ("W_Q"); its bias is "b_" + name.substr(2)
+  WeightMatrix role;     // base init's rule and the placement's gain (architectures.md), step_rel's kind
+  std::uint64_t stream;  // the weight's random stream within its sublayer (rng.hpp, RandomUse::weight)
+  Eigen::Index rows = 0, cols = 0;
+};
+
+// An op's cost per sublayer, for the estimates (config.cpp).
+struct BranchCost {
+  double forward_flops = 0;  // one forward pass over the T tokens
+  double probe_scalars = 0;  // working values per probe carried through the op, beyond (T, d) ones
+  double fixed_scalars = 0;  // working values that do not grow with the probes
+};
+
+// An op's computation with its cache. The arguments are those of the op's free functions in
+// ops.hpp (attention_forward, ffn_forward, ...), which document them.
+template <typename Scalar>
+class BranchOp {
+ public:
+  virtual ~BranchOp() = default;
+  virtual void forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const BranchSettings& settings,
+                       Mat<Scalar>& out, WorkPool* pool, bool with_output) = 0;
+  virtual void backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
+                        const BranchSettings& settings, const Mat<Scalar>& d_out, Mat<Scalar>* dx,
+                        ParamGradSquares* param_grads, WorkPool* pool, std::vector<double>* output_dots) = 0;
+  virtual void jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const BranchSettings& settings,
+                   const Mat<Scalar>& d_x, Mat<Scalar>& d_out, const SublayerWeights<Scalar>* d_w) = 0;
+  // After backward (dx = nullptr) of one probe: dL/dW for every weight, and dL/db with `bias`.
+  virtual void weight_gradients(const Mat<Scalar>& x, const BranchSettings& settings,
+                                const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients, bool bias,
+                                WorkPool* pool) const = 0;
+};
+
+struct BranchOpRow {
+  std::string_view name;
+  // Whether this op is the branch of a sublayer of `kind` under the block's ops.
+  bool (*serves)(SublayerKind kind, const BlockOps& ops);
+  // The weights in SublayerWeights' order, each drawn by base init (initialization.cpp).
+  std::vector<WeightSpec> (*weights)(const ModelConfig& config);
+  BranchCost (*cost)(const ModelConfig& config);
+  std::unique_ptr<BranchOp<float>> (*make_float)();
+  std::unique_ptr<BranchOp<double>> (*make_double)();
+  template <typename Scalar>
+  std::unique_ptr<BranchOp<Scalar>> make() const {
+    if constexpr (std::is_same_v<Scalar, float>) {
+      return make_float();
+    } else {
+      return make_double();
+    }
+  }
+};
+
+// The rows (src/ops/branch_ops.cpp): attention, then the FFN.
+const std::vector<BranchOpRow>& branch_ops();
+// The row serving a sublayer of `kind` (its index in branch_ops()); throws std::logic_error if none.
+int branch_op_index(SublayerKind kind, const BlockOps& ops);
+inline const BranchOpRow& branch_op(SublayerKind kind, const BlockOps& ops) {
+  return branch_ops()[static_cast<std::size_t>(branch_op_index(kind, ops))];
+}
+inline const BranchOpRow& branch_op(const ModelConfig& config, SublayerKind kind) {
+  return branch_op(kind, block_ops(config));
+}
+
+// The ops' rows, defined in their own files.
+BranchOpRow attention_op_row();
+BranchOpRow ffn_op_row();
+
+}  // namespace gradflow

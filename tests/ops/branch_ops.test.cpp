@@ -1,0 +1,163 @@
+// The branch-op table (branch_op.hpp, src/ops/branch_ops.cpp): which row serves which sublayer,
+// and the contract every row keeps, checked for each row through the table alone, so that a new
+// op is held to it by adding its row: weights drawn as its weight list says, an input cotangent
+// and a JVP against central differences, weight gradients against central differences in every
+// weight and bias, and parameter-gradient squares equal to those gradients' squared norm.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "gradflow/analysis.hpp"
+#include "gradflow/architecture.hpp"
+#include "gradflow/branch_op.hpp"
+#include "gradflow/initialization.hpp"
+#include "support/finite_difference.hpp"
+#include "support/small_model.hpp"
+
+using namespace gradflow;
+using namespace gradflow::testing;
+
+namespace {
+ModelConfig op_config(FfnKind ffn, bool bias) {
+  ModelConfig config = small_model(1, 16, 4, 5);
+  config.ffn = ffn;
+  config.kv_heads = 2;  // grouped-query attention: K and V narrower than Q
+  config.bias = bias;
+  return config;
+}
+
+// The kind of sublayer a row serves under `ops` (every row serves one).
+SublayerKind served_kind(const BranchOpRow& row, const BlockOps& ops) {
+  return row.serves(SublayerKind::attn, ops) ? SublayerKind::attn : SublayerKind::ffn;
+}
+
+// Weights drawn as the row's list says, then biases made non-zero so that their use is checked.
+SublayerWeights<double> drawn_weights(const ModelConfig& config, SublayerKind kind) {
+  const Architecture& arch = find_architecture("pre-ln");
+  const Constants constants = resolve_constants(arch, config);
+  const SublayerContext ctx{config, constants, kind == SublayerKind::attn ? 0 : 1, 0, kind};
+  SublayerWeights<double> weights;
+  generate_weights(config, arch, ctx, 3, weights);
+  for (std::size_t m = 0; m < weights.biases.size(); ++m) {
+    if (weights.biases[m].size() > 0)
+      weights.biases[m] = random_matrix(weights.biases[m].size(), 1, 40 + static_cast<unsigned>(m), 0.3);
+  }
+  return weights;
+}
+
+// <dy, F(x; w)> by a fresh op of the row.
+double probe_loss(const BranchOpRow& row, const MatD& x, const SublayerWeights<double>& w,
+                  const BranchSettings& settings, const MatD& dy) {
+  auto op = row.make<double>();
+  MatD out;
+  op->forward(x, w, settings, out, nullptr, true);
+  return dy.cwiseProduct(out).sum();
+}
+}  // namespace
+
+TEST_CASE("the branch-op table: attention serves attention sublayers, the FFN every FFN kind") {
+  for (const FfnKind ffn : {FfnKind::gelu, FfnKind::swiglu, FfnKind::geglu}) {
+    const BlockOps ops = block_ops(op_config(ffn, false));
+    CHECK(branch_op(SublayerKind::attn, ops).name == "attention");
+    CHECK(branch_op(SublayerKind::ffn, ops).name == "ffn");
+  }
+  std::set<std::string_view> names;
+  for (const BranchOpRow& row : branch_ops()) names.insert(row.name);
+  CHECK(names.size() == branch_ops().size());
+}
+
+TEST_CASE("every branch op keeps the table's contract (float64, central differences)") {
+  for (const BranchOpRow& row : branch_ops()) {
+    for (const FfnKind ffn : {FfnKind::gelu, FfnKind::swiglu}) {
+      for (const bool bias : {false, true}) {
+        CAPTURE(row.name);
+        CAPTURE(to_string(ffn));
+        CAPTURE(bias);
+        const ModelConfig config = op_config(ffn, bias);
+        const BlockOps ops = block_ops(config);
+        const SublayerKind kind = served_kind(row, ops);
+        if (&branch_op(kind, ops) != &row) continue;  // another row serves this configuration
+        const std::vector<WeightSpec> specs = row.weights(config);
+        SublayerWeights<double> w = drawn_weights(config, kind);
+        // The weights are the list's, in its order and shapes; names are distinct.
+        REQUIRE(w.matrices.size() == specs.size());
+        std::set<std::string> spec_names;
+        for (std::size_t m = 0; m < specs.size(); ++m) {
+          CAPTURE(specs[m].name);
+          spec_names.insert(specs[m].name);
+          CHECK(w.matrices[m].rows() == specs[m].rows);
+          CHECK(w.matrices[m].cols() == specs[m].cols);
+          CHECK(w.matrices[m].norm() > 0);
+          CHECK(w.biases[m].size() == (bias ? specs[m].cols : 0));
+        }
+        CHECK(spec_names.size() == specs.size());
+        CHECK(row.cost(config).forward_flops > 0);
+
+        const BranchSettings settings{config.heads, ops, QkvNorm::none, std::nullopt, 1.0};
+        const MatD x = random_matrix(config.seq, config.width, 11);
+        const auto forward = [&](const MatD& input) {
+          auto op = row.make<double>();
+          MatD out;
+          op->forward(input, w, settings, out, nullptr, true);
+          return out;
+        };
+        auto op = row.make<double>();
+        CHECK(backward_relative_error(x, forward, [&](const MatD& input, const MatD& dy) {
+                MatD out, dx = MatD::Zero(dy.rows(), input.cols());
+                op->forward(input, w, settings, out, nullptr, true);
+                op->backward(input, w, settings, dy, &dx, nullptr, nullptr, nullptr);
+                return dx;
+              }) < kFiniteDifferenceTolerance);
+        CHECK(jvp_relative_error(x, forward, [&](const MatD& input, const MatD& dx) {
+                MatD out, dy;
+                op->forward(input, w, settings, out, nullptr, true);
+                op->jvp(input, w, settings, dx, dy, nullptr);
+                return dy;
+              }) < kFiniteDifferenceTolerance);
+
+        // One probe: weight gradients, and the parameter-gradient squares of the probe backward.
+        const MatD dy = random_matrix(config.seq, config.width, 13);
+        MatD out, dx = MatD::Zero(dy.rows(), config.width);
+        ParamGradSquares squares;
+        op->forward(x, w, settings, out, nullptr, true);
+        op->backward(x, w, settings, dy, &dx, &squares, nullptr, nullptr);
+        SublayerWeights<double> gradients;
+        op->weight_gradients(x, settings, dy, gradients, bias, nullptr);
+        REQUIRE(gradients.matrices.size() == specs.size());
+        double gradient_squares = 0;
+        const double h = 1e-6;
+        for (std::size_t m = 0; m < specs.size(); ++m) {
+          CAPTURE(specs[m].name);
+          REQUIRE(gradients.matrices[m].rows() == specs[m].rows);
+          REQUIRE(gradients.matrices[m].cols() == specs[m].cols);
+          REQUIRE(gradients.biases[m].size() == (bias ? specs[m].cols : 0));
+          gradient_squares += gradients.matrices[m].squaredNorm() + gradients.biases[m].squaredNorm();
+          MatD numeric(specs[m].rows, specs[m].cols);
+          SublayerWeights<double> shifted = w;
+          for_each_central_difference(
+              shifted.matrices[m], h, [&] { return probe_loss(row, x, shifted, settings, dy); },
+              [&](Eigen::Index i, Eigen::Index j, double up, double down) {
+                numeric(i, j) = (up - down) / (2 * h);
+              });
+          CHECK((numeric - gradients.matrices[m]).norm() / gradients.matrices[m].norm() <
+                kFiniteDifferenceTolerance);
+          if (!bias) continue;
+          Vec<double> numeric_bias(specs[m].cols);
+          for_each_central_difference(
+              shifted.biases[m], h, [&] { return probe_loss(row, x, shifted, settings, dy); },
+              [&](Eigen::Index i, Eigen::Index, double up, double down) {
+                numeric_bias[i] = (up - down) / (2 * h);
+              });
+          // Measured against the larger of the bias's and its matrix's gradient: attention's b_K has
+          // a zero gradient (a key bias adds q.b_K to every score of a row, which softmax ignores).
+          const double scale = std::max(gradients.biases[m].norm(), gradients.matrices[m].norm());
+          CHECK((numeric_bias - gradients.biases[m]).norm() / scale < kFiniteDifferenceTolerance);
+        }
+        REQUIRE(squares.size() == 1);
+        CHECK(squares[0] == doctest::Approx(gradient_squares).epsilon(1e-10));
+      }
+    }
+  }
+}
