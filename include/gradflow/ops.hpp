@@ -217,7 +217,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
 
 // Jacobian-vector product (forward mode) after attention_forward: d_out = J d_x for P tangents
 // stacked as P blocks of T rows, (P*T, d). Used by --spectrum, which needs J as well as J^T.
-// d_w, when given, adds the weights' tangent (P = 1): each product Y = X W gains X dW.
+// d_w, when given, adds the weights' tangent (P = 1): each product Y = X W + b gains X dW + db.
 template <typename Scalar>
 void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const AttentionOptions& options,
                    AttentionCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,

@@ -356,10 +356,13 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
   // Every norm Jacobian here is symmetric (rms, layer, dyt, unit rows), so its backward is its JVP.
   Mat<Scalar> d_q_raw = d_x * w.matrices[kWeightQ], d_k_raw = d_x * w.matrices[kWeightK],
               d_v_raw = d_x * w.matrices[kWeightV];  // (P*T, .)
-  if (d_w) {                                         // product rule: d(x W) = dx W + x dW
+  if (d_w) {                                         // product rule: d(x W + b) = dx W + x dW + db
     d_q_raw.noalias() += x * d_w->matrices[kWeightQ];
     d_k_raw.noalias() += x * d_w->matrices[kWeightK];
     d_v_raw.noalias() += x * d_w->matrices[kWeightV];
+    add_bias(d_w->bias(kWeightQ), 0, d_q_raw);
+    add_bias(d_w->bias(kWeightK), 0, d_k_raw);
+    add_bias(d_w->bias(kWeightV), 0, d_v_raw);
   }
   Mat<Scalar> d_q =
       projection_backward(options, false, options.heads, unrotated(options, cache.q, cache.q_unrotated),
@@ -393,7 +396,10 @@ void attention_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const
     }
   }
   d_out.noalias() = cache.d_context * w.matrices[kWeightO];  // (P*T, d)
-  if (d_w) d_out.noalias() += cache.context * d_w->matrices[kWeightO];
+  if (d_w) {
+    d_out.noalias() += cache.context * d_w->matrices[kWeightO];
+    add_bias(d_w->bias(kWeightO), 0, d_out);
+  }
 }
 
 template <typename Scalar>

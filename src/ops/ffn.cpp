@@ -294,8 +294,11 @@ template <typename Scalar>
 void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOptions& options,
              FfnCache<Scalar>& cache, const Mat<Scalar>& d_x, Mat<Scalar>& d_out,
              const SublayerWeights<Scalar>* d_w) {
-  cache.d_hidden.noalias() = d_x * w.matrices[kWeightUp];             // (P*T, hidden)
-  if (d_w) cache.d_hidden.noalias() += x * d_w->matrices[kWeightUp];  // product rule: d(x W) = dx W + x dW
+  cache.d_hidden.noalias() = d_x * w.matrices[kWeightUp];  // (P*T, hidden)
+  if (d_w) {                                               // product rule: d(x W + b) = dx W + x dW + db
+    cache.d_hidden.noalias() += x * d_w->matrices[kWeightUp];
+    if (d_w->bias(kWeightUp).size() > 0) cache.d_hidden.rowwise() += d_w->bias(kWeightUp).transpose();
+  }
   if (options.hidden_scale != 1.0) cache.d_hidden *= static_cast<Scalar>(options.hidden_scale);
   if (options.kind == FfnKind::gelu) {
     cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
@@ -304,7 +307,10 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
     cache.gate_slope.resize(cache.hidden_pre.rows(), cache.hidden_pre.cols());
     gate_slope_rows<Scalar>(options.kind, cache.hidden_pre, cache.gate_pre, cache.gate_slope);
     cache.d_gate_pre.noalias() = d_x * w.matrices[kWeightGate];
-    if (d_w) cache.d_gate_pre.noalias() += x * d_w->matrices[kWeightGate];
+    if (d_w) {
+      cache.d_gate_pre.noalias() += x * d_w->matrices[kWeightGate];
+      if (d_w->bias(kWeightGate).size() > 0) cache.d_gate_pre.rowwise() += d_w->bias(kWeightGate).transpose();
+    }
     if (options.hidden_scale != 1.0) cache.d_gate_pre *= static_cast<Scalar>(options.hidden_scale);
     cache.d_hidden_pre.resize(cache.d_hidden.rows(), cache.d_hidden.cols());
     multiply_probe_rows(cache.gate_slope, cache.d_hidden, cache.d_hidden_pre);
@@ -312,7 +318,10 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
     cache.d_hidden_pre += cache.d_gate_pre;
   }
   d_out.noalias() = cache.d_hidden_pre * w.matrices[kWeightDown];  // (P*T, d)
-  if (d_w) d_out.noalias() += cache.hidden * d_w->matrices[kWeightDown];
+  if (d_w) {
+    d_out.noalias() += cache.hidden * d_w->matrices[kWeightDown];
+    if (d_w->bias(kWeightDown).size() > 0) d_out.rowwise() += d_w->bias(kWeightDown).transpose();
+  }
 }
 
 template <typename Scalar>

@@ -1,8 +1,9 @@
 // The branch-op table (branch_op.hpp, src/ops/branch_ops.cpp): which row serves which sublayer,
 // and the contract every row keeps, checked for each row through the table alone, so that a new
 // op is held to it by adding its row: weights drawn as its weight list says, an input cotangent
-// and a JVP against central differences, weight gradients against central differences in every
-// weight and bias, and parameter-gradient squares equal to those gradients' squared norm.
+// and a JVP (in the input, and in the weights and biases) against central differences, weight gradients
+// against central differences in every weight and bias, and parameter-gradient squares equal to those
+// gradients' squared norm.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -103,6 +104,12 @@ TEST_CASE("every branch op keeps the table's contract (float64, central differen
           op->forward(input, w, settings, out, nullptr, true);
           return out;
         };
+        const auto forward_with = [&](const SublayerWeights<double>& weights) {
+          auto op = row.make<double>();
+          MatD out;
+          op->forward(x, weights, settings, out, nullptr, true);
+          return out;
+        };
         auto op = row.make<double>();
         CHECK(backward_relative_error(x, forward, [&](const MatD& input, const MatD& dy) {
                 MatD out, dx = MatD::Zero(dy.rows(), input.cols());
@@ -116,6 +123,27 @@ TEST_CASE("every branch op keeps the table's contract (float64, central differen
                 op->jvp(input, w, settings, dx, dy, nullptr);
                 return dy;
               }) < kFiniteDifferenceTolerance);
+
+        // Forward mode in the weights and biases (one tangent): J_w dW against central differences.
+        SublayerWeights<double> tangent = w;
+        for (std::size_t m = 0; m < specs.size(); ++m) {
+          tangent.matrices[m] = random_matrix(specs[m].rows, specs[m].cols, 60 + static_cast<unsigned>(m));
+          if (bias) tangent.biases[m] = random_matrix(specs[m].cols, 1, 70 + static_cast<unsigned>(m));
+        }
+        const auto moved = [&](double step) {
+          SublayerWeights<double> v = w;
+          for (std::size_t m = 0; m < specs.size(); ++m) {
+            v.matrices[m] += step * tangent.matrices[m];
+            v.biases[m] += step * tangent.biases[m];
+          }
+          return v;
+        };
+        const double h_w = 1e-6;
+        MatD jvp_w, unused;
+        op->forward(x, w, settings, unused, nullptr, true);
+        op->jvp(x, w, settings, MatD::Zero(x.rows(), x.cols()), jvp_w, &tangent);
+        const MatD numeric_w = (forward_with(moved(h_w)) - forward_with(moved(-h_w))) / (2 * h_w);
+        CHECK((numeric_w - jvp_w).norm() / jvp_w.norm() < kFiniteDifferenceTolerance);
 
         // One probe: weight gradients, and the parameter-gradient squares of the probe backward.
         const MatD dy = random_matrix(config.seq, config.width, 13);
