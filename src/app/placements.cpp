@@ -135,10 +135,12 @@ PlacementRegistry read_placement_registry(const std::vector<std::string>& direct
 }
 
 namespace {
-// The process's placements: the registry, and every file ever named by path (never shrinks, so
-// that results keep their pointers) with the text it had when loaded, by canonical path.
+// The process's placements: the registry (read at first use: a broken file in a placement
+// directory is then an error of the command line that needs it), and every file ever named by path
+// (never shrinks, so that results keep their pointers) with the text it had when loaded, by
+// canonical path.
 struct ProcessPlacements {
-  PlacementRegistry registry = read_placement_registry(placement_directories());
+  std::optional<PlacementRegistry> registry;
   std::deque<Architecture> loaded_files;
   std::map<std::string, std::pair<std::string, const Architecture*>> loaded_unchanged;
 };
@@ -150,7 +152,7 @@ ProcessPlacements& process_placements() {
 // A placement file named by path, loaded once per path and command line.
 const Architecture& architecture_from_path(std::string_view path) {
   ProcessPlacements& process = process_placements();
-  PlacementRegistry& registry = process.registry;
+  PlacementRegistry& registry = placements();
   if (const Architecture* known = registry.named_file(path)) return *known;
   // Read first: a FIFO, device, directory, link loop or oversized file is refused here by name.
   const std::string text = read_placement_text(std::string(path));
@@ -184,7 +186,9 @@ const Architecture& architecture_from_path(std::string_view path) {
 }  // namespace
 
 PlacementRegistry& placements() {
-  return process_placements().registry;
+  std::optional<PlacementRegistry>& registry = process_placements().registry;
+  if (!registry) registry.emplace(read_placement_registry(placement_directories()));
+  return *registry;
 }
 
 std::vector<const Architecture*> architectures() {
@@ -192,7 +196,8 @@ std::vector<const Architecture*> architectures() {
 }
 
 void forget_placement_files() {
-  placements().forget_named_files();
+  if (std::optional<PlacementRegistry>& registry = process_placements().registry)
+    registry->forget_named_files();
 }
 
 const Architecture& find_architecture(std::string_view id) {
