@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/kernels.hpp"
-#include "gradflow/report.hpp"
 
 namespace py = pybind11;
 

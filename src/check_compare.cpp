@@ -8,9 +8,9 @@
 #include <set>
 
 #include "check_documents.hpp"
-#include "gradflow/check.hpp"
+#include "gradflow/app/check.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/errors.hpp"
-#include "gradflow/report.hpp"
 
 namespace gradflow {
 

@@ -10,9 +10,9 @@
 #include <set>
 #include <tuple>
 
+#include "gradflow/app/report.hpp"
 #include "gradflow/config.hpp"
 #include "gradflow/errors.hpp"
-#include "gradflow/report.hpp"
 
 namespace gradflow::check_detail {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "check_documents.hpp"
-#include "gradflow/check.hpp"
+#include "gradflow/app/check.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/statistics.hpp"
 

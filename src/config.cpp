@@ -10,6 +10,7 @@
 #include "gradflow/architecture.hpp"
 #include "gradflow/branch_op.hpp"
 #include "gradflow/errors.hpp"
+#include "gradflow/placement_registry.hpp"
 
 namespace gradflow {
 
@@ -240,7 +241,7 @@ void validate_update(const ModelConfig& config) {
 }
 }  // namespace
 
-void validate(const ModelConfig& config) {
+void validate(const ModelConfig& config, const PlacementRegistry& placements) {
   if (config.blocks < 1)
     throw InputError(fmt::format("--depth {} must be at least 1 block; try --depth 64", config.blocks));
   if (config.blocks > kMaxBlocks)
@@ -289,7 +290,7 @@ void validate(const ModelConfig& config) {
         fmt::format("--input-corr {} must lie in [0, 1]; try --input-corr 0.5", config.input_corr));
   }
   validate_block_ops(config);
-  validate_options(config);  // the placements' own options (--alpha, --keel-variant, ...)
+  placements.validate_options(config);  // the placements' own options (--alpha, --keel-variant, ...)
   if (config.angles_all && config.sublayers() > kAnglesMaxSublayers) {
     throw InputError(fmt::format(
         "--angles all needs O(S^2 T d) work and is limited to {} sublayers, not {}; reduce --depth",

@@ -1,6 +1,6 @@
 // config.json -> ModelConfig (model_config_file.hpp): each family's key names, placement, norm and
 // FFN, and the checks that name the key at fault. No I/O: the CLI reads the file and prints.
-#include "gradflow/model_config_file.hpp"
+#include "gradflow/app/model_config_file.hpp"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 // The library runner (runner.hpp): the parallel loop over independent runs, progress aggregation,
 // and the plans of analyze and sweep, with the resume check of a sweep's cell files.
-#include "gradflow/runner.hpp"
+#include "gradflow/app/runner.hpp"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -12,8 +12,9 @@
 #include <mutex>
 #include <sstream>
 
+#include "gradflow/app/placements.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/errors.hpp"
-#include "gradflow/report.hpp"
 
 namespace gradflow {
 

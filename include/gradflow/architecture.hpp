@@ -5,6 +5,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -119,30 +120,14 @@ struct Architecture {
   // nGPT: after the base draw, every matrix is normalised along the width-d (embedding) dimension
   // (normalize_along_width, initialization.hpp).
   bool unit_norm_weights = false;
+  // A placement file's parsed definition, which the views and functions above point into: shared
+  // by every copy, so that it lives as long as the last of them (empty for a C++ recipe).
+  std::shared_ptr<const void> definition;
 };
 
-// Built-ins, then placement files (data/placements, GRADFLOW_PLACEMENTS), then the files named by
-// path (--arch PATH.toml) since the last forget_placement_files(), as loaded. Every pointer stays
-// valid for the life of the process.
-std::vector<const Architecture*> architectures();
-// Forgets the placement files named by path: the next --arch PATH.toml reads its file again, and
-// another file may reuse its id. A process running several command lines (the Python module)
-// calls it before each; results keep their (still valid) pointers.
-void forget_placement_files();
-// By id or alias, or a placement file by path (ending in .toml);
-// throws InputError naming the nearest valid id.
-const Architecture& find_architecture(std::string_view id);
-// "all" or a comma-separated list, each resolved by find_architecture, duplicates removed.
-std::vector<const Architecture*> parse_architecture_list(std::string_view list);
-// Every placement option once (by key), in registry order: the flags analyze and sweep accept.
-std::vector<const PlacementOption*> placement_options();
-// Whether the placement declares the option `key`.
+// Whether the placement declares the option `key`. The registry of placements, and the options
+// across it, are a PlacementRegistry (placement_registry.hpp).
 bool declares_option(const Architecture& arch, std::string_view key);
-// The placements that declare the option `key`, in registry order.
-std::vector<std::string_view> placements_declaring(std::string_view key);
-// Throws InputError naming the flag and the value when a given option breaks its rule
-// (a number's check, a word's choices), or std::logic_error for a key no placement declares.
-void validate_options(const ModelConfig& config);
 
 // Recipe pieces of the C++ recipes (admin, span-norm).
 namespace recipes {

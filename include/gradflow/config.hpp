@@ -124,8 +124,10 @@ inline constexpr int kMaxWidth = 1 << 20;   // --width and --ffn-hidden
 inline constexpr int kMaxSeq = 1 << 20;     // --seq
 inline constexpr int kMaxProbes = 4096;     // --probes
 
-// Throws InputError naming the bad value and the fix.
-void validate(const ModelConfig& config);
+// Throws InputError naming the bad value and the fix; the placements' own options by their
+// declarations in `placements`.
+class PlacementRegistry;
+void validate(const ModelConfig& config, const PlacementRegistry& placements);
 
 // Limits of the optional analyses: beyond them the cost (quadratic in S, or one backward pass
 // per output coordinate) is refused up front with an InputError naming the limit.

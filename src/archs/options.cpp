@@ -10,12 +10,13 @@
 
 #include "gradflow/architecture.hpp"
 #include "gradflow/errors.hpp"
+#include "gradflow/placement_registry.hpp"
 
 namespace gradflow {
 
-std::vector<const PlacementOption*> placement_options() {
+std::vector<const PlacementOption*> PlacementRegistry::options() const {
   std::vector<const PlacementOption*> options;
-  for (const Architecture* arch : architectures()) {
+  for (const Architecture* arch : all()) {
     for (const PlacementOption& option : arch->options) {
       const bool seen = std::any_of(options.begin(), options.end(),
                                     [&](const PlacementOption* other) { return other->key == option.key; });
@@ -53,17 +54,17 @@ bool declares_option(const Architecture& arch, std::string_view key) {
                      [&](const PlacementOption& option) { return option.key == key; });
 }
 
-std::vector<std::string_view> placements_declaring(std::string_view key) {
+std::vector<std::string_view> PlacementRegistry::declaring(std::string_view key) const {
   std::vector<std::string_view> ids;
-  for (const Architecture* arch : architectures()) {
+  for (const Architecture* arch : all()) {
     if (declares_option(*arch, key)) ids.push_back(arch->id);
   }
   return ids;
 }
 
 namespace {
-const PlacementOption& declaration(std::string_view key) {
-  for (const PlacementOption* option : placement_options()) {
+const PlacementOption& declaration(const PlacementRegistry& placements, std::string_view key) {
+  for (const PlacementOption* option : placements.options()) {
     if (option->key == key) return *option;
   }
   throw std::logic_error(fmt::format("no placement declares the option {:?}", key));
@@ -76,9 +77,9 @@ std::string quoted_choices(const PlacementOption& option) {
 }
 }  // namespace
 
-void validate_options(const ModelConfig& config) {
+void PlacementRegistry::validate_options(const ModelConfig& config) const {
   for (const auto& [key, value] : config.options) {
-    const PlacementOption& option = declaration(key);
+    const PlacementOption& option = declaration(*this, key);
     if (option.is_word() != std::holds_alternative<std::string>(value))
       throw std::logic_error(fmt::format("option {:?} given as the wrong type", key));
     if (const auto* number = std::get_if<double>(&value)) {

@@ -1,16 +1,11 @@
 // Reading a placement file with toml++ (header-only; it keeps every value's line and column), the
-// keys of docs/placement-files.md, and the Architecture built from the checked definition.
+// keys of docs/placement-files.md, and the Architecture built from the checked definition. The file
+// itself is read by the app layer (src/app/placements.cpp).
 #include "gradflow/placement_file.hpp"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
 #include <toml++/toml.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <set>
 #include <system_error>
@@ -462,62 +457,7 @@ void FileReader::read_entry(const toml::table& table) {
     fail(table.source(), "update and sum are named together (both or neither)");
   def_.sublayers.push_back(std::move(entry));
 }
-
-constexpr std::size_t kMaxFileBytes = 1 << 20;  // a placement file is a few kilobytes
-
-std::string why_not_opened(int error) {
-  if (error == ELOOP) return "a symbolic link loop (too many levels of symbolic links); fix the link";
-  return fmt::format("cannot read the placement file ({}); check the path", std::strerror(error));
-}
-
-std::string what_it_is(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
-void refuse_if_too_large(const std::string& path, std::size_t size) {
-  if (size > kMaxFileBytes)
-    throw InputError(
-        fmt::format("{}: {} bytes, more than the {} bytes (1 MiB) a placement file may have; "
-                    "check the path (a placement file is a few kilobytes)",
-                    path, size, kMaxFileBytes));
-}
-
-// Closes the descriptor on every path out.
-struct Descriptor {
-  int fd;
-  ~Descriptor() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 }  // namespace
-
-// Opened without blocking (a FIFO would wait for a writer forever) and then refused unless it is a
-// regular file; symbolic links are followed, a loop among them refused by name.
-std::string read_placement_text(const std::string& path) {
-  const Descriptor file{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
-  struct stat info {};
-  if (file.fd < 0 || ::fstat(file.fd, &info) != 0)
-    throw InputError(fmt::format("{}: {}", path, why_not_opened(errno)));
-  if (!S_ISREG(info.st_mode))
-    throw InputError(fmt::format("{}: {}, not a placement file; give the path of a regular .toml file", path,
-                                 what_it_is(info.st_mode)));
-  refuse_if_too_large(path, static_cast<std::size_t>(info.st_size));
-  std::string text;
-  char buffer[65536];
-  for (ssize_t got = 0; (got = ::read(file.fd, buffer, sizeof buffer)) != 0;) {
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw InputError(fmt::format("{}: {}", path, why_not_opened(errno)));
-    text.append(buffer, static_cast<std::size_t>(got));
-    if (text.size() > kMaxFileBytes) break;  // it grew since fstat
-  }
-  refuse_if_too_large(path, text.size());
-  return text;
-}
 
 namespace {
 
@@ -607,8 +547,7 @@ bool is_placement_path(std::string_view name) {
 
 namespace {
 Architecture define_placement(const std::string& path, std::string text, bool built_in) {
-  static std::deque<std::unique_ptr<PlacementDefinition>> loaded;  // for the program's life
-  auto def = std::make_unique<PlacementDefinition>();
+  auto def = std::make_shared<PlacementDefinition>();
   def->path = path;
   def->text = std::move(text);
   def->hash = placement_hash(def->text);
@@ -620,14 +559,11 @@ Architecture define_placement(const std::string& path, std::string text, bool bu
     throw InputError(
         fmt::format("{}: {}", error.origin ? error.origin->where(error.offset) : path, error.what()));
   }
-  loaded.push_back(std::move(def));
-  return placement_architecture(*loaded.back());
+  Architecture arch = placement_architecture(*def);
+  arch.definition = std::move(def);
+  return arch;
 }
 }  // namespace
-
-Architecture load_placement_file(const std::string& path) {
-  return define_placement(path, read_placement_text(path), false);
-}
 
 Architecture load_placement_text(const std::string& path, std::string text) {
   return define_placement(path, std::move(text), false);
@@ -635,19 +571,6 @@ Architecture load_placement_text(const std::string& path, std::string text) {
 
 Architecture load_built_in_placement(std::string_view name, std::string_view text) {
   return define_placement(fmt::format("data/placements/builtins/{}.toml", name), std::string(text), true);
-}
-
-std::vector<std::string> placement_directories() {
-  std::vector<std::string> dirs = {GRADFLOW_PLACEMENTS_DIR};
-  if (const char* extra = std::getenv("GRADFLOW_PLACEMENTS")) {
-    std::string_view list(extra);
-    while (!list.empty()) {
-      const std::size_t colon = std::min(list.find(':'), list.size());
-      if (colon > 0) dirs.emplace_back(list.substr(0, colon));
-      list.remove_prefix(std::min(colon + 1, list.size()));
-    }
-  }
-  return dirs;
 }
 
 }  // namespace gradflow

@@ -1,12 +1,11 @@
-// The one table of placements, lookup by name with a suggestion, and recipe pieces they share.
+// The one table of placements (PlacementRegistry: the built-ins plus definitions handed in), lookup
+// by name with a suggestion, and recipe pieces they share. Reads no files: src/app/placements.cpp
+// reads the placement directories and the files named by path.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <deque>
-#include <filesystem>
-#include <map>
 #include <stdexcept>
 #include <tuple>
 
@@ -14,6 +13,7 @@
 #include "built_in_placements.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/placement_file.hpp"
+#include "gradflow/placement_registry.hpp"
 #include "gradflow/suggest.hpp"
 
 namespace gradflow {
@@ -123,118 +123,51 @@ void check_unique(const std::vector<const Architecture*>& table, const Architect
   for (const PlacementOption& option : arch.options) check_same_option(table, option);
 }
 
-void add_unique(std::deque<Architecture>& table, Architecture arch) {
-  std::vector<const Architecture*> others;
-  for (const Architecture& other : table) others.push_back(&other);
-  check_unique(others, arch);
-  table.push_back(std::move(arch));
-}
-
-[[noreturn]] void refuse_directory(const std::string& directory, const std::error_code& error) {
-  const std::string why = error == std::errc::too_many_symbolic_link_levels
-                              ? "a symbolic link loop (too many levels of symbolic links)"
-                              : error.message();
-  throw InputError(
-      fmt::format("{}: cannot list this placement directory ({}); fix it or remove it from "
-                  "GRADFLOW_PLACEMENTS",
-                  directory, why));
-}
-
-// The *.toml entries of one directory, in name order; a missing directory has none. Subdirectories
-// are not entered, so a link loop among them cannot trap the walk. Entries are not filtered by
-// type: a *.toml that is a link loop, a dangling link, a FIFO or a directory is then refused by
-// name when read (read_placement_text), not skipped, since it was put there to be loaded. Only
-// error codes here: a filesystem_error (an entry's status on a link loop) ended in terminate.
-std::vector<std::string> placement_files(const std::string& directory) {
-  std::vector<std::string> files;
-  std::error_code error;
-  std::filesystem::directory_iterator entries(directory, error);
-  if (error == std::errc::no_such_file_or_directory) return files;
-  for (; !error && entries != std::filesystem::directory_iterator(); entries.increment(error)) {
-    if (entries->path().extension() == ".toml") files.push_back(entries->path().string());
-  }
-  if (error) refuse_directory(directory, error);
-  std::sort(files.begin(), files.end());
-  return files;
-}
-
-// Built-ins, then the files of placement_directories(), then files named by path (--arch
-// PATH.toml) as they are loaded: a deque, so that earlier references stay valid.
-std::deque<Architecture>& registry() {
-  static std::deque<Architecture> table = [] {
-    std::deque<Architecture> out;
-    for (Architecture& arch : built_in_architectures()) add_unique(out, std::move(arch));
-    for (const std::string& directory : placement_directories()) {
-      for (const std::string& file : placement_files(directory)) add_unique(out, load_placement_file(file));
-    }
-    return out;
-  }();
-  return table;
-}
-
-// Placement files named by path: every one ever loaded (never shrinks, so that results keep their
-// pointers), and those of the current command line, by path as typed.
-std::deque<Architecture>& loaded_files() {
-  static std::deque<Architecture> all;
-  return all;
-}
-// The text each file had when it was loaded, and its Architecture, by canonical path.
-std::map<std::string, std::pair<std::string, const Architecture*>>& loaded_unchanged() {
-  static std::map<std::string, std::pair<std::string, const Architecture*>> files;
-  return files;
-}
-struct FileSession {
-  std::map<std::string, const Architecture*, std::less<>> by_path;
-  std::vector<const Architecture*> current;
-};
-FileSession& file_session() {
-  static FileSession session;
-  return session;
-}
-
-// A placement file named by path, loaded once per path and command line.
-const Architecture& architecture_from_path(std::string_view path) {
-  FileSession& session = file_session();
-  if (const auto known = session.by_path.find(path); known != session.by_path.end()) return *known->second;
-  // Read first: a FIFO, device, directory, link loop or oversized file is refused here by name.
-  const std::string text = read_placement_text(std::string(path));
-  std::error_code error;
-  const std::string absolute = std::filesystem::weakly_canonical(std::string(path), error).string();
-  for (const Architecture& arch : registry()) {
-    std::error_code ignored;
-    if (arch.source != "built-in" && !absolute.empty() &&
-        std::filesystem::weakly_canonical(std::string(arch.source), ignored) == absolute)
-      return *(session.by_path[std::string(path)] = &arch);
-  }
-  // A file loaded by an earlier command line and unchanged since is reused: a process that names
-  // the same file in every call (a notebook's loop) does not grow.
-  const Architecture* arch = nullptr;
-  if (const auto cached = loaded_unchanged().find(absolute);
-      cached != loaded_unchanged().end() && cached->second.first == text) {
-    arch = cached->second.second;
-    check_unique(architectures(), *arch);
-  } else {
-    Architecture loaded = load_placement_text(std::string(path), text);
-    check_unique(architectures(), loaded);
-    loaded_files().push_back(std::move(loaded));
-    arch = &loaded_files().back();
-    loaded_unchanged()[absolute] = {text, arch};
-  }
-  session.current.push_back(arch);
-  return *(session.by_path[std::string(path)] = arch);
-}
 }  // namespace
 
-std::vector<const Architecture*> architectures() {
-  std::vector<const Architecture*> all;
-  for (const Architecture& arch : registry()) all.push_back(&arch);
-  const std::vector<const Architecture*>& current = file_session().current;
-  all.insert(all.end(), current.begin(), current.end());
-  return all;
+PlacementRegistry::PlacementRegistry() : PlacementRegistry(std::vector<Architecture>{}) {}
+
+PlacementRegistry::PlacementRegistry(std::vector<Architecture> defined) {
+  for (Architecture& arch : built_in_architectures()) add(std::move(arch));
+  for (Architecture& arch : defined) add(std::move(arch));
 }
 
-void forget_placement_files() {
-  file_session() = FileSession{};
+void PlacementRegistry::check_unique(const Architecture& arch) const {
+  gradflow::check_unique(all(), arch);
+}
+
+const Architecture& PlacementRegistry::add(Architecture arch) {
+  check_unique(arch);
+  owned_.push_back(std::move(arch));
+  return owned_.back();
+}
+
+void PlacementRegistry::add_named_file(std::string path, const Architecture& arch) {
+  // A file of the table (a directory's) named by its path is that placement, not a second one.
+  const bool own =
+      std::any_of(owned_.begin(), owned_.end(), [&](const Architecture& a) { return &a == &arch; });
+  if (!own) check_unique(arch);
+  named_files_.emplace_back(std::move(path), &arch);
+}
+
+void PlacementRegistry::forget_named_files() {
+  named_files_.clear();
+}
+
+const Architecture* PlacementRegistry::named_file(std::string_view path) const {
+  for (const auto& [named, arch] : named_files_) {
+    if (named == path) return arch;
+  }
+  return nullptr;
+}
+
+std::vector<const Architecture*> PlacementRegistry::all() const {
+  std::vector<const Architecture*> all;
+  for (const Architecture& arch : owned_) all.push_back(&arch);
+  for (const auto& [path, arch] : named_files_) {
+    if (std::find(all.begin(), all.end(), arch) == all.end()) all.push_back(arch);
+  }
+  return all;
 }
 
 namespace {
@@ -254,11 +187,11 @@ std::string canonical_spelling(std::string_view name) {
 }
 }  // namespace
 
-const Architecture& find_architecture(std::string_view id) {
-  if (is_placement_path(id)) return architecture_from_path(id);
+const Architecture& PlacementRegistry::find(std::string_view id) const {
+  if (const Architecture* file = named_file(id)) return *file;
   std::vector<std::string> spellings;
   std::vector<const Architecture*> owners;
-  for (const Architecture* arch : architectures()) {
+  for (const Architecture* arch : all()) {
     if (arch->id == id || std::find(arch->aliases.begin(), arch->aliases.end(), id) != arch->aliases.end())
       return *arch;
     spellings.push_back(canonical_spelling(arch->id));
@@ -278,10 +211,11 @@ const Architecture& find_architecture(std::string_view id) {
       std::string(id), std::string(owners[static_cast<std::size_t>(at - spellings.begin())]->id)));
 }
 
-std::vector<const Architecture*> parse_architecture_list(std::string_view list) {
+std::vector<const Architecture*> PlacementRegistry::parse_list(std::string_view list,
+                                                               const FindOne& find_one) const {
   std::vector<const Architecture*> result;
   if (list == "all") {
-    return architectures();
+    return all();
   }
   std::size_t start = 0;
   while (start <= list.size()) {
@@ -295,7 +229,7 @@ std::vector<const Architecture*> parse_architecture_list(std::string_view list) 
           "--arch {:?}: 'all' already names every placement; give --arch all alone, or list placements",
           std::string(list)));
     }
-    const Architecture* arch = &find_architecture(name);
+    const Architecture* arch = find_one ? &find_one(name) : &find(name);
     if (std::find(result.begin(), result.end(), arch) == result.end()) result.push_back(arch);
     start = comma + 1;
   }

@@ -1,6 +1,6 @@
 // A checkpoint directory: config.json, the safetensors files (one, or the shards an index names),
 // every tensor checked against the config before any is read, and conversion on request.
-#include "gradflow/checkpoint_files.hpp"
+#include "gradflow/app/checkpoint_files.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -68,7 +68,8 @@ json read_json(const std::string& path) {
     throw InputError(fmt::format("{}: malformed JSON ({})", path, error.what()));
   }
   if (!duplicate.empty())
-    throw InputError(fmt::format("{}: the key '{}' appears twice in one object (which value is meant?)", path, duplicate));
+    throw InputError(
+        fmt::format("{}: the key '{}' appears twice in one object (which value is meant?)", path, duplicate));
   return doc;
 }
 
@@ -109,16 +110,19 @@ CheckpointFiles::CheckpointFiles(const std::string& directory) : directory_(dire
   std::error_code error;
   const auto status = std::filesystem::status(directory, error);
   if (!std::filesystem::exists(status))
-    throw InputError(fmt::format("--checkpoint {}: no such directory; give the directory that holds the "
-                                 "model's config.json and .safetensors files",
-                                 directory));
+    throw InputError(
+        fmt::format("--checkpoint {}: no such directory; give the directory that holds the "
+                    "model's config.json and .safetensors files",
+                    directory));
   if (!std::filesystem::is_directory(status))
-    throw InputError(fmt::format("--checkpoint {}: is not a directory; give the directory that holds "
-                                 "config.json and the .safetensors files",
-                                 directory));
+    throw InputError(
+        fmt::format("--checkpoint {}: is not a directory; give the directory that holds "
+                    "config.json and the .safetensors files",
+                    directory));
   const std::string config_path = (std::filesystem::path(directory) / "config.json").string();
   if (!is_file(config_path))
-    throw InputError(fmt::format("{}: missing; a Hugging Face checkpoint directory holds its config.json", config_path));
+    throw InputError(
+        fmt::format("{}: missing; a Hugging Face checkpoint directory holds its config.json", config_path));
   config_json_ = read_json(config_path);
   spec_ = read_hf_model_spec(config_json_, config_path);
 
@@ -132,35 +136,38 @@ CheckpointFiles::CheckpointFiles(const std::string& directory) : directory_(dire
     listing = index_path;
     const json index = read_json(index_path);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-      throw InputError(fmt::format("{}: must be an object with a \"weight_map\" object (tensor -> shard file)",
-                                   index_path));
+      throw InputError(fmt::format(
+          "{}: must be an object with a \"weight_map\" object (tensor -> shard file)", index_path));
     std::set<std::string> shard_names;
     for (const auto& [tensor, file] : index["weight_map"].items()) {
       if (!file.is_string() || file.get<std::string>().empty() ||
           file.get<std::string>().find('/') != std::string::npos || file.get<std::string>() == "..")
-        throw InputError(fmt::format("{}: tensor '{}' maps to {}, not a file name in the directory", index_path,
-                                     tensor, file.dump()));
+        throw InputError(fmt::format("{}: tensor '{}' maps to {}, not a file name in the directory",
+                                     index_path, tensor, file.dump()));
       index_map[tensor] = file.get<std::string>();
       shard_names.insert(file.get<std::string>());
     }
     for (const std::string& shard : shard_names) {
       const std::string path = (std::filesystem::path(directory) / shard).string();
       if (!is_file(path))
-        throw InputError(fmt::format("{}: names shard {}, which is not in {} (a shard missing from the download?)",
-                                     index_path, shard, directory));
+        throw InputError(
+            fmt::format("{}: names shard {}, which is not in {} (a shard missing from the download?)",
+                        index_path, shard, directory));
       files_.push_back(std::make_unique<SafetensorsFile>(path));
     }
   } else if (is_file(single_path)) {
     if (is_file(index_path))
-      throw InputError(fmt::format("--checkpoint {}: holds both model.safetensors and model.safetensors.index.json; "
-                                   "remove the one that is stale (Hugging Face would read model.safetensors)",
-                                   directory));
+      throw InputError(
+          fmt::format("--checkpoint {}: holds both model.safetensors and model.safetensors.index.json; "
+                      "remove the one that is stale (Hugging Face would read model.safetensors)",
+                      directory));
     listing = single_path;
     files_.push_back(std::make_unique<SafetensorsFile>(single_path));
   } else {
-    throw InputError(fmt::format("--checkpoint {}: holds neither model.safetensors nor model.safetensors.index.json "
-                                 "with its shards",
-                                 directory));
+    throw InputError(
+        fmt::format("--checkpoint {}: holds neither model.safetensors nor model.safetensors.index.json "
+                    "with its shards",
+                    directory));
   }
 
   // Every tensor once, in the file the index says.
@@ -174,8 +181,8 @@ CheckpointFiles::CheckpointFiles(const std::string& directory) : directory_(dire
         const auto listed = index_map.find(entry.name);
         const std::string shard = std::filesystem::path(files_[f]->path()).filename().string();
         if (listed == index_map.end())
-          throw InputError(fmt::format("{}: tensor '{}' is not listed in {}", files_[f]->path(), entry.name,
-                                       index_path));
+          throw InputError(
+              fmt::format("{}: tensor '{}' is not listed in {}", files_[f]->path(), entry.name, index_path));
         if (listed->second != shard)
           throw InputError(fmt::format("{}: lists tensor '{}' in {}, but it is in {}", index_path, entry.name,
                                        listed->second, shard));
@@ -186,24 +193,28 @@ CheckpointFiles::CheckpointFiles(const std::string& directory) : directory_(dire
   }
   for (const auto& [tensor, shard] : index_map) {
     if (!by_name_.count(tensor))
-      throw InputError(fmt::format("{}: lists tensor '{}' in {}, which does not hold it", index_path, tensor, shard));
+      throw InputError(
+          fmt::format("{}: lists tensor '{}' in {}, which does not hold it", index_path, tensor, shard));
   }
 
   // Against the config: GPT-2's names with or without the "transformer." prefix; every expected
   // tensor present with its shape; nothing else but the known buffers.
-  if (spec_.family == HfFamily::gpt2 && by_name_.count("transformer.wte.weight")) spec_.tensor_prefix = "transformer.";
+  if (spec_.family == HfFamily::gpt2 && by_name_.count("transformer.wte.weight"))
+    spec_.tensor_prefix = "transformer.";
   std::set<std::string> expected_names;
   for (const ExpectedTensor& expected : expected_tensors(spec_)) {
     expected_names.insert(expected.name);
     const auto found = by_name_.find(expected.name);
     if (found == by_name_.end())
-      throw InputError(fmt::format("{}: tensor '{}' is missing; a {} model with this config.json has it, shape {}",
-                                   listing, expected.name, spec_.model_type, shape_text(expected.shape)));
+      throw InputError(
+          fmt::format("{}: tensor '{}' is missing; a {} model with this config.json has it, shape {}",
+                      listing, expected.name, spec_.model_type, shape_text(expected.shape)));
     const TensorEntry& entry = entries_[found->second];
     if (entry.dtype == TensorDtype::other)
-      throw InputError(fmt::format("{}: tensor '{}': dtype {} is not one gradflow reads as weights (F32, F16, BF16, "
-                                   "F64)",
-                                   files_[entry.file]->path(), entry.name, entry.dtype_name));
+      throw InputError(
+          fmt::format("{}: tensor '{}': dtype {} is not one gradflow reads as weights (F32, F16, BF16, "
+                      "F64)",
+                      files_[entry.file]->path(), entry.name, entry.dtype_name));
     if (entry.shape != expected.shape)
       throw InputError(fmt::format("{}: tensor '{}' has shape {}, but config.json implies {}",
                                    files_[entry.file]->path(), entry.name, shape_text(entry.shape),
@@ -219,9 +230,10 @@ CheckpointFiles::CheckpointFiles(const std::string& directory) : directory_(dire
       ignored_.push_back(entry.name);
       continue;
     }
-    throw InputError(fmt::format("{}: tensor '{}' is not part of a {} model with this config.json (an unexpected "
-                                 "tensor: another model's file, or a config.json that does not match?)",
-                                 files_[entry.file]->path(), entry.name, spec_.model_type));
+    throw InputError(
+        fmt::format("{}: tensor '{}' is not part of a {} model with this config.json (an unexpected "
+                    "tensor: another model's file, or a config.json that does not match?)",
+                    files_[entry.file]->path(), entry.name, spec_.model_type));
   }
 }
 
@@ -239,8 +251,9 @@ const TensorEntry& CheckpointFiles::entry(const std::string& name) const {
   return entries_[found->second];
 }
 
-std::vector<std::int64_t> CheckpointFiles::shape(const std::string& name) const { return entry(name).shape; }
-
+std::vector<std::int64_t> CheckpointFiles::shape(const std::string& name) const {
+  return entry(name).shape;
+}
 
 template <typename Scalar>
 void CheckpointFiles::convert(const std::string& name, std::int64_t first_row, std::int64_t rows,
@@ -254,7 +267,8 @@ void CheckpointFiles::convert(const std::string& name, std::int64_t first_row, s
   const std::size_t size = found.dtype == TensorDtype::f64 ? 8 : found.dtype == TensorDtype::f32 ? 4 : 2;
   const std::int64_t count = rows * row_length;
   const std::uint64_t first_byte = found.begin + static_cast<std::uint64_t>(first_row * row_length) * size;
-  const MappedRange mapped = files_[found.file]->map(first_byte, first_byte + static_cast<std::uint64_t>(count) * size);
+  const MappedRange mapped =
+      files_[found.file]->map(first_byte, first_byte + static_cast<std::uint64_t>(count) * size);
   const unsigned char* bytes = mapped.data();
   for (std::int64_t i = 0; i < count; ++i, bytes += size) {
     double value;
@@ -277,10 +291,11 @@ void CheckpointFiles::convert(const std::string& name, std::int64_t first_row, s
     }
     if (!std::isfinite(value)) {
       const std::int64_t flat = first_row * row_length + i;
-      throw InputError(fmt::format("{}: tensor '{}' holds {} at entry {} (row {}, column {}); the checkpoint is "
-                                   "damaged or was saved mid-divergence",
-                                   files_[found.file]->path(), name, std::isnan(value) ? "a NaN" : "an infinity",
-                                   flat, flat / row_length, flat % row_length));
+      throw InputError(
+          fmt::format("{}: tensor '{}' holds {} at entry {} (row {}, column {}); the checkpoint is "
+                      "damaged or was saved mid-divergence",
+                      files_[found.file]->path(), name, std::isnan(value) ? "a NaN" : "an infinity", flat,
+                      flat / row_length, flat % row_length));
     }
     out[i] = static_cast<Scalar>(value);
   }
@@ -310,22 +325,24 @@ std::vector<std::int64_t> read_token_file(const std::string& path, int vocab) {
     std::int64_t id = 0;
     const auto [stop, error] = std::from_chars(word.data(), word.data() + word.size(), id);
     const std::size_t position = ids.size();
-    if (error != std::errc() || stop != word.data() + word.size() ||
-        (word.size() > 1 && word[0] == '+'))
-      throw InputError(fmt::format("{}: the token at position {} is \"{}\", not a token id (whitespace-separated "
-                                   "integers in [0, {}))",
-                                   path, position, word.substr(0, 40), vocab));
+    if (error != std::errc() || stop != word.data() + word.size() || (word.size() > 1 && word[0] == '+'))
+      throw InputError(
+          fmt::format("{}: the token at position {} is \"{}\", not a token id (whitespace-separated "
+                      "integers in [0, {}))",
+                      path, position, word.substr(0, 40), vocab));
     if (id < 0 || id >= vocab)
-      throw InputError(fmt::format("{}: the token at position {} is {}, outside the model's vocabulary [0, {}) "
-                                   "(a file made with another tokenizer?)",
-                                   path, position, id, vocab));
+      throw InputError(
+          fmt::format("{}: the token at position {} is {}, outside the model's vocabulary [0, {}) "
+                      "(a file made with another tokenizer?)",
+                      path, position, id, vocab));
     ids.push_back(id);
     i = end;
   }
   if (ids.empty())
-    throw InputError(fmt::format("{}: holds no token ids; give whitespace-separated integers in [0, {}) (docs/"
-                                 "checkpoints.md shows how to make the file with the model's tokenizer)",
-                                 path, vocab));
+    throw InputError(
+        fmt::format("{}: holds no token ids; give whitespace-separated integers in [0, {}) (docs/"
+                    "checkpoints.md shows how to make the file with the model's tokenizer)",
+                    path, vocab));
   return ids;
 }
 

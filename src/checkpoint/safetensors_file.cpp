@@ -13,7 +13,7 @@
 #include <cstring>
 #include <set>
 
-#include "gradflow/checkpoint_files.hpp"
+#include "gradflow/app/checkpoint_files.hpp"
 #include "gradflow/errors.hpp"
 
 namespace gradflow {
@@ -36,9 +36,17 @@ constexpr std::int64_t kMaxDimension = std::int64_t{1} << 40;
 
 // dtypes the format defines that gradflow does not convert, with their bytes per element: a file
 // may hold them for buffers gradflow does not read (old GPT-2 saves' U8 or BOOL masks).
-constexpr std::array<std::pair<std::string_view, std::size_t>, 11> kOtherDtypes{
-    {{"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"I16", 2}, {"U16", 2}, {"I32", 4}, {"U32", 4}, {"I64", 8}, {"U64", 8},
-     {"F8_E4M3", 1}, {"F8_E5M2", 1}}};
+constexpr std::array<std::pair<std::string_view, std::size_t>, 11> kOtherDtypes{{{"BOOL", 1},
+                                                                                 {"U8", 1},
+                                                                                 {"I8", 1},
+                                                                                 {"I16", 2},
+                                                                                 {"U16", 2},
+                                                                                 {"I32", 4},
+                                                                                 {"U32", 4},
+                                                                                 {"I64", 8},
+                                                                                 {"U64", 8},
+                                                                                 {"F8_E4M3", 1},
+                                                                                 {"F8_E5M2", 1}}};
 
 std::size_t dtype_bytes(TensorDtype dtype) {
   switch (dtype) {
@@ -57,9 +65,12 @@ int nesting_depth(std::string_view text) {
   bool in_string = false, escaped = false;
   for (const char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '{' || c == '[') {
@@ -86,9 +97,10 @@ MappedRange::MappedRange(int fd, std::uint64_t offset, std::uint64_t length, con
   mapping_ = ::mmap(nullptr, mapped_, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(start));
   if (mapping_ == MAP_FAILED) {
     mapping_ = nullptr;
-    throw InputError(fmt::format("{}: {} bytes of it cannot be mapped into memory ({}); raise the address-space "
-                                 "limit (ulimit -v) or free memory",
-                                 path, length, std::strerror(errno)));
+    throw InputError(
+        fmt::format("{}: {} bytes of it cannot be mapped into memory ({}); raise the address-space "
+                    "limit (ulimit -v) or free memory",
+                    path, length, std::strerror(errno)));
   }
   data_ = static_cast<const unsigned char*>(mapping_) + (offset - start);
 }
@@ -104,9 +116,10 @@ SafetensorsFile::Descriptor::~Descriptor() {
 MappedRange SafetensorsFile::map(std::uint64_t begin, std::uint64_t end) const {
   struct stat info {};
   if (::fstat(descriptor_.fd, &info) != 0 || static_cast<std::uint64_t>(info.st_size) != size_)
-    throw InputError(fmt::format("{}: changed size since it was checked ({} bytes, now {}); was the checkpoint "
-                                 "rewritten during the run?",
-                                 path_, size_, static_cast<std::uint64_t>(info.st_size)));
+    throw InputError(
+        fmt::format("{}: changed size since it was checked ({} bytes, now {}); was the checkpoint "
+                    "rewritten during the run?",
+                    path_, size_, static_cast<std::uint64_t>(info.st_size)));
   return MappedRange(descriptor_.fd, data_offset_ + begin, end - begin, path_);
 }
 
@@ -117,26 +130,31 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   if (fd < 0) throw InputError(fmt::format("{}: cannot be opened ({})", path_, std::strerror(errno)));
   struct stat info {};
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode))
-    throw InputError(fmt::format("{}: is not a regular file; a checkpoint's tensors are .safetensors files", path_));
+    throw InputError(
+        fmt::format("{}: is not a regular file; a checkpoint's tensors are .safetensors files", path_));
   size_ = static_cast<std::uint64_t>(info.st_size);
   const auto fail_closed = [](const std::string& message) { throw InputError(message); };
   if (size_ < 8)
-    fail_closed(fmt::format("{}: is {} bytes, shorter than the 8-byte header length of a safetensors file "
-                            "(truncated?)",
-                            path_, size_));
+    fail_closed(
+        fmt::format("{}: is {} bytes, shorter than the 8-byte header length of a safetensors file "
+                    "(truncated?)",
+                    path_, size_));
   unsigned char length[8];
-  if (::pread(fd, length, 8, 0) != 8) fail_closed(fmt::format("{}: cannot be read ({})", path_, std::strerror(errno)));
+  if (::pread(fd, length, 8, 0) != 8)
+    fail_closed(fmt::format("{}: cannot be read ({})", path_, std::strerror(errno)));
   std::uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length[i];  // little-endian
   if (header_bytes < 2 || header_bytes > size_ - 8 || header_bytes > kMaxHeaderBytes) {
-    fail_closed(fmt::format("{}: the header length {} does not fit: the file has {} bytes after the "
-                            "length, and a header is 2 to {} bytes of JSON (truncated or not safetensors?)",
-                            path_, header_bytes, size_ - 8, kMaxHeaderBytes));
+    fail_closed(
+        fmt::format("{}: the header length {} does not fit: the file has {} bytes after the "
+                    "length, and a header is 2 to {} bytes of JSON (truncated or not safetensors?)",
+                    path_, header_bytes, size_ - 8, kMaxHeaderBytes));
   }
   std::string header_text(header_bytes, '\0');
   std::uint64_t got = 0;
   while (got < header_bytes) {
-    const ssize_t count = ::pread(fd, header_text.data() + got, header_bytes - got, static_cast<off_t>(8 + got));
+    const ssize_t count =
+        ::pread(fd, header_text.data() + got, header_bytes - got, static_cast<off_t>(8 + got));
     if (count < 0 && errno == EINTR) continue;
     if (count <= 0) fail_closed(fmt::format("{}: cannot read its header ({})", path_, std::strerror(errno)));
     got += static_cast<std::uint64_t>(count);
@@ -164,7 +182,8 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   if (!duplicate.empty())
     throw InputError(fmt::format("{}: tensor '{}' is listed twice in the header", path_, duplicate));
   if (!doc.is_object())
-    throw InputError(fmt::format("{}: the header must be a JSON object of tensors, not {}", path_, doc.type_name()));
+    throw InputError(
+        fmt::format("{}: the header must be a JSON object of tensors, not {}", path_, doc.type_name()));
 
   for (const auto& [name, value] : doc.items()) {
     if (name == "__metadata__") continue;
@@ -181,11 +200,16 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     const std::string dtype_name = dtype.get<std::string>();
     entry.dtype_name = dtype_name;
     std::size_t element_bytes = 0;
-    if (dtype_name == "F64") entry.dtype = TensorDtype::f64;
-    else if (dtype_name == "F32") entry.dtype = TensorDtype::f32;
-    else if (dtype_name == "F16") entry.dtype = TensorDtype::f16;
-    else if (dtype_name == "BF16") entry.dtype = TensorDtype::bf16;
-    else entry.dtype = TensorDtype::other;
+    if (dtype_name == "F64")
+      entry.dtype = TensorDtype::f64;
+    else if (dtype_name == "F32")
+      entry.dtype = TensorDtype::f32;
+    else if (dtype_name == "F16")
+      entry.dtype = TensorDtype::f16;
+    else if (dtype_name == "BF16")
+      entry.dtype = TensorDtype::bf16;
+    else
+      entry.dtype = TensorDtype::other;
     if (entry.dtype != TensorDtype::other) {
       element_bytes = dtype_bytes(entry.dtype);
     } else {
@@ -199,7 +223,8 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     if (!shape.is_array()) fail(fmt::format("shape must be an array of sizes, not {}", shape.dump()));
     std::uint64_t elements = 1;
     for (const json& size : shape) {
-      if (!size.is_number_integer() || size.get<std::int64_t>() < 0 || size.get<std::int64_t>() > kMaxDimension)
+      if (!size.is_number_integer() || size.get<std::int64_t>() < 0 ||
+          size.get<std::int64_t>() > kMaxDimension)
         fail(fmt::format("shape {} must hold sizes in [0, 2^40]", shape.dump()));
       entry.shape.push_back(size.get<std::int64_t>());
       const auto extent = static_cast<std::uint64_t>(entry.shape.back());
@@ -216,12 +241,12 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     if (entry.end < entry.begin)
       fail(fmt::format("data_offsets [{}, {}] end before they begin", entry.begin, entry.end));
     if (entry.end > data_bytes)
-      fail(fmt::format("data_offsets [{}, {}] reach past the data section's {} bytes (truncated file?)", entry.begin,
-                       entry.end, data_bytes));
+      fail(fmt::format("data_offsets [{}, {}] reach past the data section's {} bytes (truncated file?)",
+                       entry.begin, entry.end, data_bytes));
     const std::uint64_t expected = elements * element_bytes;
     if (entry.end - entry.begin != expected)
-      fail(fmt::format("data_offsets [{}, {}] hold {} bytes, but shape {} of {} needs {}", entry.begin, entry.end,
-                       entry.end - entry.begin, shape_text(entry.shape), dtype_name, expected));
+      fail(fmt::format("data_offsets [{}, {}] hold {} bytes, but shape {} of {} needs {}", entry.begin,
+                       entry.end, entry.end - entry.begin, shape_text(entry.shape), dtype_name, expected));
     tensors_.push_back(std::move(entry));
   }
 
@@ -235,12 +260,13 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   const TensorEntry* previous = nullptr;
   for (const TensorEntry* entry : order) {
     if (entry->begin < covered)
-      throw InputError(fmt::format("{}: tensors '{}' and '{}' overlap (bytes {} to {} of the data section)", path_,
-                                   previous->name, entry->name, entry->begin, covered));
+      throw InputError(fmt::format("{}: tensors '{}' and '{}' overlap (bytes {} to {} of the data section)",
+                                   path_, previous->name, entry->name, entry->begin, covered));
     if (entry->begin > covered)
-      throw InputError(fmt::format("{}: bytes {} to {} of the data section, before tensor '{}', belong to no "
-                                   "tensor",
-                                   path_, covered, entry->begin, entry->name));
+      throw InputError(
+          fmt::format("{}: bytes {} to {} of the data section, before tensor '{}', belong to no "
+                      "tensor",
+                      path_, covered, entry->begin, entry->name));
     covered = entry->end;
     previous = entry;
   }

@@ -9,9 +9,10 @@
 
 #include "commands.hpp"
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
+#include "gradflow/app/report.hpp"
+#include "gradflow/app/runner.hpp"
 #include "gradflow/errors.hpp"
-#include "gradflow/report.hpp"
-#include "gradflow/runner.hpp"
 
 namespace gradflow::cli {
 

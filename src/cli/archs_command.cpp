@@ -6,8 +6,9 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "gradflow/app/placements.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/architecture.hpp"
-#include "gradflow/report.hpp"
 
 namespace gradflow::cli {
 

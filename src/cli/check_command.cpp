@@ -9,9 +9,9 @@
 #include <map>
 
 #include "commands.hpp"
-#include "gradflow/check.hpp"
+#include "gradflow/app/check.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/errors.hpp"
-#include "gradflow/report.hpp"
 
 namespace gradflow::cli {
 

@@ -9,9 +9,10 @@
 #include <map>
 
 #include "commands.hpp"
-#include "gradflow/checkpoint_files.hpp"
+#include "gradflow/app/checkpoint_files.hpp"
+#include "gradflow/app/placements.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/errors.hpp"
-#include "gradflow/report.hpp"
 #include "gradflow/rng.hpp"
 
 namespace gradflow::cli {

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "gradflow/app/model_config_file.hpp"
 #include "gradflow/architecture.hpp"
 #include "gradflow/config.hpp"
-#include "gradflow/model_config_file.hpp"
 
 namespace gradflow {
 struct AnalysisReport;

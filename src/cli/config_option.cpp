@@ -6,8 +6,8 @@
 #include <filesystem>
 
 #include "commands.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/errors.hpp"
-#include "gradflow/report.hpp"
 #include "shipped_configs.hpp"
 
 namespace gradflow::cli {

@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/errors.hpp"
-#include "gradflow/report.hpp"
 #include "gradflow/sweep.hpp"
 
 namespace gradflow::cli {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "commands.hpp"
+#include "gradflow/app/placements.hpp"
 #include "gradflow/errors.hpp"
 
 namespace gradflow::cli {

@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "commands.hpp"
+#include "gradflow/app/placements.hpp"
 #include "gradflow/architecture.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/kernels.hpp"

@@ -2,8 +2,9 @@
 // "config", a sweep's "model", the manifest check and `check`'s comparison all loop over.
 #include <set>
 
+#include "gradflow/app/placements.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/architecture.hpp"
-#include "gradflow/report.hpp"
 
 namespace gradflow {
 

@@ -2,7 +2,7 @@
 #include <bit>
 #include <cstring>
 
-#include "gradflow/report.hpp"
+#include "gradflow/app/report.hpp"
 
 namespace gradflow {
 

@@ -3,7 +3,7 @@
 // `check`'s comparison all loop over, as config_fields() is for the configuration.
 #include <cmath>
 
-#include "gradflow/report.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/statistics.hpp"
 
 namespace gradflow {

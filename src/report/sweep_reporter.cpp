@@ -5,9 +5,10 @@
 
 #include <cmath>
 
+#include "gradflow/app/placements.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/architecture.hpp"
 #include "gradflow/errors.hpp"
-#include "gradflow/report.hpp"
 
 namespace gradflow {
 

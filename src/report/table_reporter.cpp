@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "gradflow/report.hpp"
+#include "gradflow/app/report.hpp"
 
 namespace gradflow {
 
@@ -163,7 +163,8 @@ std::string configuration_line(const AnalysisReport& report) {
   const std::string seed_text =
       seeds == 1 ? fmt::format("seed {}", first.seeds.front().seed)
                  : fmt::format("seeds {}..{}", first.seeds.front().seed, first.seeds.back().seed);
-  if (!first.seeds.empty() && first.seeds.front().checkpoint && report.checkpoint.is_object()) {  // --checkpoint: the model, not an init
+  if (!first.seeds.empty() && first.seeds.front().checkpoint &&
+      report.checkpoint.is_object()) {  // --checkpoint: the model, not an init
     const CheckpointFigures& figures = *first.seeds.front().checkpoint;
     const auto& described = report.checkpoint;
     const auto& angular = figures.angular_distance;
@@ -171,7 +172,8 @@ std::string configuration_line(const AnalysisReport& report) {
     return fmt::format(
         "checkpoint {} ({}, {} layers), width {}, heads {}, {} tokens ({}), {}\n"
         "{} loss {:.6g}; layers' angular distance at the last token: min {:.4f}@{}, max {:.4f}@{}",
-        described.value("directory", ""), described.value("model_type", ""), c.blocks, c.width, c.heads, c.seq,
+        described.value("directory", ""), described.value("model_type", ""), c.blocks, c.width, c.heads,
+        c.seq,
         figures.random_tokens ? fmt::format("drawn by seed {}", first.seeds.front().seed) : "from --tokens",
         to_string(c.precision), figures.loss_kind == LossKind::lm ? "LM" : "probe", figures.loss, *lowest,
         lowest - angular.begin(), *highest, highest - angular.begin());
@@ -206,7 +208,8 @@ std::string update_lines(const AnalysisReport& report) {
   std::size_t arch_width = 0;
   for (const ArchResult& result : report.results) arch_width = std::max(arch_width, result.arch->id.size());
   const auto& seeds = report.results.front().seeds;
-  const bool lm = !seeds.empty() && seeds.front().checkpoint && seeds.front().checkpoint->loss_kind == LossKind::lm;
+  const bool lm =
+      !seeds.empty() && seeds.front().checkpoint && seeds.front().checkpoint->loss_kind == LossKind::lm;
   std::string text = fmt::format("one {} step on the {} loss (mean over seeds):\n", to_string(config.update),
                                  lm ? "language-model" : "probe");
   for (const ArchResult& result : report.results) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 
 using namespace gradflow;
 

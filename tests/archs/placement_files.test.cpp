@@ -11,6 +11,7 @@
 #include <map>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/placement_file.hpp"
 #include "science/stack_run.hpp"

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 #include "support/finite_difference.hpp"
 
 using namespace gradflow;

@@ -1,5 +1,5 @@
 // Regression comparison and --expect expressions (src/check.cpp), on small synthetic documents.
-#include "gradflow/check.hpp"
+#include "gradflow/app/check.hpp"
 
 #include <doctest/doctest.h>
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "gradflow/app/placements.hpp"
 #include "gradflow/architecture.hpp"
 
 using json = nlohmann::json;

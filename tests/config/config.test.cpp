@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 
+#include "gradflow/app/placements.hpp"
 #include "gradflow/architecture.hpp"
 #include "gradflow/errors.hpp"
 

@@ -1,6 +1,6 @@
 // read_model_config_file: the resolved configuration of every shipped config.json, where each value
 // came from, flags overriding the file, and the notes on what gradflow cannot model.
-#include "gradflow/model_config_file.hpp"
+#include "gradflow/app/model_config_file.hpp"
 
 #include <doctest/doctest.h>
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 #include "gradflow/rng.hpp"
 
 using namespace gradflow;

@@ -6,7 +6,8 @@
 #include <cmath>
 
 #include "gradflow/analysis.hpp"
-#include "gradflow/report.hpp"
+#include "gradflow/app/placements.hpp"
+#include "gradflow/app/report.hpp"
 
 using namespace gradflow;
 

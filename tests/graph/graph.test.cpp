@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include "gradflow/app/placements.hpp"
 #include "gradflow/architecture.hpp"
 #include "gradflow/initialization.hpp"
 #include "support/finite_difference.hpp"

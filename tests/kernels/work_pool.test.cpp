@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 #include "gradflow/initialization.hpp"
 #include "gradflow/rng.hpp"
 #include "support/finite_difference.hpp"

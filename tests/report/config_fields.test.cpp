@@ -4,8 +4,9 @@
 
 #include <sstream>
 
-#include "gradflow/report.hpp"
-#include "gradflow/runner.hpp"
+#include "gradflow/app/placements.hpp"
+#include "gradflow/app/report.hpp"
+#include "gradflow/app/runner.hpp"
 
 using namespace gradflow;
 

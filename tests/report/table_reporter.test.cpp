@@ -10,7 +10,7 @@
 #include <iterator>
 #include <sstream>
 
-#include "gradflow/report.hpp"
+#include "gradflow/app/report.hpp"
 
 namespace gradflow {
 namespace {

@@ -1,6 +1,6 @@
 // The library runner: the same results on any number of threads, progress that reaches its total,
 // and the resume check of a sweep's cell files.
-#include "gradflow/runner.hpp"
+#include "gradflow/app/runner.hpp"
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -11,7 +11,8 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "gradflow/report.hpp"
+#include "gradflow/app/placements.hpp"
+#include "gradflow/app/report.hpp"
 #include "support/small_model.hpp"
 
 using namespace gradflow;

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 #include "gradflow/statistics.hpp"
 
 using namespace gradflow;

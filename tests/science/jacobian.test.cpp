@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 #include "gradflow/errors.hpp"
 #include "support/small_model.hpp"
 

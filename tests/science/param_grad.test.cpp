@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 #include "support/small_model.hpp"
 
 using namespace gradflow;

@@ -7,6 +7,7 @@
 #include <numbers>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 #include "gradflow/representation.hpp"
 #include "science/seed_analysis.hpp"
 

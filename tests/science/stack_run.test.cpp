@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 #include "gradflow/graph.hpp"
 #include "support/finite_difference.hpp"
 #include "support/small_model.hpp"

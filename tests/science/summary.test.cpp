@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 
 using namespace gradflow;
 

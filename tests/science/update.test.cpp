@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 #include "gradflow/initialization.hpp"
 #include "support/small_model.hpp"
 

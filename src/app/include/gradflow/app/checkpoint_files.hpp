@@ -90,8 +90,10 @@ class CheckpointFiles : public TensorStore {
   // The largest tensor read whole (embeddings and the LM head are read in chunks), in file bytes.
   std::uint64_t largest_tensor_bytes() const { return largest_bytes_; }
 
-  void read_rows(const std::string& name, std::int64_t first_row, std::int64_t rows, float* out) const override;
-  void read_rows(const std::string& name, std::int64_t first_row, std::int64_t rows, double* out) const override;
+  void read_rows(const std::string& name, std::int64_t first_row, std::int64_t rows,
+                 float* out) const override;
+  void read_rows(const std::string& name, std::int64_t first_row, std::int64_t rows,
+                 double* out) const override;
   std::vector<std::int64_t> shape(const std::string& name) const override;
 
  private:

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "gradflow/report.hpp"
+#include "gradflow/app/report.hpp"
 
 namespace gradflow {
 
