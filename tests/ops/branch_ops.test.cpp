@@ -11,6 +11,7 @@
 #include <set>
 
 #include "gradflow/analysis.hpp"
+#include "gradflow/app/placements.hpp"
 #include "gradflow/architecture.hpp"
 #include "gradflow/branch_op.hpp"
 #include "gradflow/initialization.hpp"
