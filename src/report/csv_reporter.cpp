@@ -29,7 +29,7 @@ std::vector<std::string> stream_names(const AnalysisReport& report) {
 }
 }  // namespace
 
-void write_csv(const AnalysisReport& report, std::ostream& out) {
+void write_csv(const AnalysisReport& report, std::ostream& out, const WriteOptions& /*options*/) {
   if (report.results.empty()) return;
   const SeedResult& first = report.results.front().seeds.front();
   const auto streams = stream_names(report);
@@ -79,7 +79,8 @@ void write_csv(const AnalysisReport& report, std::ostream& out) {
         }
         if (checkpoint && seed.checkpoint) {
           const auto& angular = seed.checkpoint->angular_distance;
-          const bool layer_row = has_sublayer && l % 2 == 0 && static_cast<std::size_t>(l / 2) < angular.size();
+          const bool layer_row =
+              has_sublayer && l % 2 == 0 && static_cast<std::size_t>(l / 2) < angular.size();
           out << ',' << cell(seed.checkpoint->loss) << ',' << (layer_row ? cell(angular[l / 2]) : "");
         }
         out << "\r\n";

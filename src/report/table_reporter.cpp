@@ -163,7 +163,8 @@ std::string configuration_line(const AnalysisReport& report) {
   const std::string seed_text =
       seeds == 1 ? fmt::format("seed {}", first.seeds.front().seed)
                  : fmt::format("seeds {}..{}", first.seeds.front().seed, first.seeds.back().seed);
-  if (!first.seeds.empty() && first.seeds.front().checkpoint && report.checkpoint.is_object()) {  // --checkpoint: the model, not an init
+  if (!first.seeds.empty() && first.seeds.front().checkpoint &&
+      report.checkpoint.is_object()) {  // --checkpoint: the model, not an init
     const CheckpointFigures& figures = *first.seeds.front().checkpoint;
     const auto& described = report.checkpoint;
     const auto& angular = figures.angular_distance;
@@ -171,7 +172,8 @@ std::string configuration_line(const AnalysisReport& report) {
     return fmt::format(
         "checkpoint {} ({}, {} layers), width {}, heads {}, {} tokens ({}), {}\n"
         "{} loss {:.6g}; layers' angular distance at the last token: min {:.4f}@{}, max {:.4f}@{}",
-        described.value("directory", ""), described.value("model_type", ""), c.blocks, c.width, c.heads, c.seq,
+        described.value("directory", ""), described.value("model_type", ""), c.blocks, c.width, c.heads,
+        c.seq,
         figures.random_tokens ? fmt::format("drawn by seed {}", first.seeds.front().seed) : "from --tokens",
         to_string(c.precision), figures.loss_kind == LossKind::lm ? "LM" : "probe", figures.loss, *lowest,
         lowest - angular.begin(), *highest, highest - angular.begin());
@@ -206,7 +208,8 @@ std::string update_lines(const AnalysisReport& report) {
   std::size_t arch_width = 0;
   for (const ArchResult& result : report.results) arch_width = std::max(arch_width, result.arch->id.size());
   const auto& seeds = report.results.front().seeds;
-  const bool lm = !seeds.empty() && seeds.front().checkpoint && seeds.front().checkpoint->loss_kind == LossKind::lm;
+  const bool lm =
+      !seeds.empty() && seeds.front().checkpoint && seeds.front().checkpoint->loss_kind == LossKind::lm;
   std::string text = fmt::format("one {} step on the {} loss (mean over seeds):\n", to_string(config.update),
                                  lm ? "language-model" : "probe");
   for (const ArchResult& result : report.results) {
@@ -233,7 +236,7 @@ std::string update_lines(const AnalysisReport& report) {
 
 }  // namespace
 
-void write_table(const AnalysisReport& report, std::ostream& out, bool colour) {
+void write_table(const AnalysisReport& report, std::ostream& out, const WriteOptions& options) {
   if (report.results.empty()) return;
   const auto& cols = columns();
   std::vector<std::vector<Cell>> rows;
@@ -243,7 +246,7 @@ void write_table(const AnalysisReport& report, std::ostream& out, bool colour) {
   for (const auto& row : rows) {
     for (std::size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], display_width(row[i].text));
   }
-  const auto paint = [colour](const std::string& text, std::string_view code) {
+  const auto paint = [colour = options.colour](const std::string& text, std::string_view code) {
     return colour && !code.empty() ? fmt::format("{}{}{}", code, text, kReset) : text;
   };
   // Columns are joined by two spaces; the last one is not padded, so lines end without blanks.
@@ -266,7 +269,7 @@ void write_table(const AnalysisReport& report, std::ostream& out, bool colour) {
   out << legend(report) << update_lines(report);
 }
 
-void write_markdown(const AnalysisReport& report, std::ostream& out) {
+void write_markdown(const AnalysisReport& report, std::ostream& out, const WriteOptions& /*options*/) {
   if (report.results.empty()) return;
   const auto& cols = columns();
   out << configuration_line(report) << "\n\n|";
