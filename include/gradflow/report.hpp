@@ -124,10 +124,11 @@ void write_markdown(const AnalysisReport& report, std::ostream& out, const Write
 
 // ---- the output formats (output_formats.cpp)
 // What a subcommand writes: each is one typed result, which a format may or may not offer.
-enum class OutputKind { analysis, placements, check, sweep };
-struct PlacementsReport;  // archs (below)
-struct CheckReport;       // check (check.hpp)
-struct SweepSummary;      // merge (below)
+enum class OutputKind { analysis, placements, checkpoint_contents, check, sweep };
+struct PlacementsReport;    // archs (below)
+struct CheckpointContents;  // archs --checkpoint (checkpoint_files.hpp)
+struct CheckReport;         // check (check.hpp)
+struct SweepSummary;        // merge (below)
 
 // One output format: its name for --format, the -o extension that names it, and a writer for each
 // kind of result it offers (null: not offered). output_formats() lists them; --format's choices,
@@ -139,8 +140,9 @@ struct OutputFormat {
   std::string_view help;       // what it is, in --help ("a summary for people"); "" when the name says it
   void (*analysis)(const AnalysisReport&, std::ostream&, const WriteOptions&) = nullptr;  // analyze
   void (*placements)(const PlacementsReport&, std::ostream&) = nullptr;                   // archs
-  void (*check)(const CheckReport&, std::ostream&) = nullptr;                             // check
-  void (*sweep)(const SweepSummary&, std::ostream&) = nullptr;                            // merge
+  void (*checkpoint_contents)(const CheckpointContents&, std::ostream&) = nullptr;  // archs --checkpoint
+  void (*check)(const CheckReport&, std::ostream&) = nullptr;                       // check
+  void (*sweep)(const SweepSummary&, std::ostream&) = nullptr;                      // merge
 };
 const std::vector<OutputFormat>& output_formats();
 // Whether `format` offers a writer for `kind`.

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "gradflow/check.hpp"
+#include "gradflow/checkpoint_files.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/report.hpp"
 
@@ -18,6 +19,7 @@ const std::vector<OutputFormat>& output_formats() {
        .help = "",
        .analysis = write_json,
        .placements = write_placements_json,
+       .checkpoint_contents = write_checkpoint_json,
        .check = write_check_json,
        .sweep = write_sweep_json},
       {.name = "csv", .extension = ".csv", .help = "", .analysis = write_csv, .sweep = write_sweep_csv},
@@ -25,7 +27,8 @@ const std::vector<OutputFormat>& output_formats() {
        .extension = "",
        .help = "a summary for people",
        .analysis = write_table,
-       .placements = write_placements_table},
+       .placements = write_placements_table,
+       .checkpoint_contents = write_checkpoint_table},
       {.name = "markdown",
        .extension = ".md",
        .help = "the same as a Markdown table",
@@ -41,6 +44,8 @@ bool offers(const OutputFormat& format, OutputKind kind) {
       return format.analysis != nullptr;
     case OutputKind::placements:
       return format.placements != nullptr;
+    case OutputKind::checkpoint_contents:
+      return format.checkpoint_contents != nullptr;
     case OutputKind::check:
       return format.check != nullptr;
     case OutputKind::sweep:

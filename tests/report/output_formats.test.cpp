@@ -28,6 +28,7 @@ TEST_CASE("the shipped formats: each subcommand's choices, extensions and help l
   using Names = std::vector<std::string>;
   CHECK(format_names(OutputKind::analysis) == Names{"json", "csv", "table", "markdown"});
   CHECK(format_names(OutputKind::placements) == Names{"json", "table"});
+  CHECK(format_names(OutputKind::checkpoint_contents) == Names{"json", "table"});
   CHECK(format_names(OutputKind::check) == Names{"json", "markdown"});
   CHECK(format_names(OutputKind::sweep) == Names{"json", "csv"});
   CHECK(format_extensions(OutputKind::analysis) == Names{".json", ".csv", ".md"});
@@ -44,7 +45,8 @@ TEST_CASE("the shipped formats: each subcommand's choices, extensions and help l
 TEST_CASE("every format offers a writer for what it lists, and no two share a name or an extension") {
   const auto& formats = output_formats();
   for (std::size_t i = 0; i < formats.size(); ++i) {
-    CHECK((formats[i].analysis || formats[i].placements || formats[i].check || formats[i].sweep));
+    CHECK((formats[i].analysis || formats[i].placements || formats[i].checkpoint_contents ||
+           formats[i].check || formats[i].sweep));
     for (std::size_t j = i + 1; j < formats.size(); ++j) {
       CHECK(formats[i].name != formats[j].name);
       if (!formats[i].extension.empty()) CHECK(formats[i].extension != formats[j].extension);
@@ -59,7 +61,8 @@ TEST_CASE("a row added to the table is accepted by --format, named by its extens
   CHECK(format_of_extension(".tsv", formats) == "tsv");
   CHECK(format_list_help(OutputKind::analysis, formats).ends_with("or tsv (tab-separated)"));
   // It offers analyses only: not a choice of archs, check or merge.
-  for (const OutputKind kind : {OutputKind::placements, OutputKind::check, OutputKind::sweep}) {
+  for (const OutputKind kind :
+       {OutputKind::placements, OutputKind::checkpoint_contents, OutputKind::check, OutputKind::sweep}) {
     const auto others = format_names(kind, formats);
     CHECK(std::find(others.begin(), others.end(), "tsv") == others.end());
     CHECK_THROWS_AS(find_format("tsv", kind, formats), InputError);
