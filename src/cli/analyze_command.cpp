@@ -1,5 +1,6 @@
 // `gradflow analyze`: build the stacks, measure them, write JSON, CSV or a summary table.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <cmath>
@@ -217,16 +218,9 @@ void write_report(const AnalysisReport& report, const std::string& format, const
     hooks->report(report);
     if (options.output.empty() || options.output == "-") return;  // the caller renders it
   }
-  if (format == "csv") {
-    write_csv(report, output.stream());
-  } else if (format == "table") {
-    write_table(report, output.stream(),
-                (options.output.empty() || options.output == "-") && stdout_is_terminal());
-  } else if (format == "markdown") {
-    write_markdown(report, output.stream());
-  } else {
-    write_json(report, output.stream());
-  }
+  const bool to_stdout = options.output.empty() || options.output == "-";
+  find_format(format, OutputKind::analysis)
+      .analysis(report, output.stream(), {.colour = to_stdout && stdout_is_terminal()});
   output.commit();
 }
 
@@ -302,7 +296,7 @@ int run_checkpoint(const AnalyzeOptions& options) {
   if (options.checkpoint.empty())
     throw InputError("--checkpoint '' names no directory; give --checkpoint DIR");
   const std::string format = resolve_output_format(options.format, options.output_flag, options.output,
-                                                   {"json", "csv", "table", "markdown"}, "table");
+                                                   OutputKind::analysis, "table");
   refuse_output_onto_inputs(options, "");
   CheckpointCommand command;
   command.directory = options.checkpoint;
@@ -328,7 +322,7 @@ int run_analyze(const AnalyzeOptions& options) {
                     given(options, "--tokens") ? "--tokens" : "--loss"));
   const int threads = checked_threads(options);
   const std::string format = resolve_output_format(options.format, options.output_flag, options.output,
-                                                   {"json", "csv", "table", "markdown"}, "table");
+                                                   OutputKind::analysis, "table");
   std::optional<ConfigOption> config_file;
   if (!options.config.empty()) config_file = read_config_option(options.config, *options.app);
   refuse_output_onto_inputs(options, config_file ? config_file->origin : "");
@@ -417,12 +411,11 @@ Command setup_analyze(CLI::App& app) {
              "Threads: runs (placements x seeds) go side by side, each splitting its ops over an even "
              "share of the threads (a single run: all of them). Results are identical for every count")
           ->default_str("all cores");
-  sub->add_option(
-         "--format", options->format,
-         "Output format: json, csv, table (a summary for people) or markdown (the same as a Markdown "
-         "table). Default: table on a terminal; JSON when piped; with -o, the format the file's "
-         "extension names (.json, .csv, .md; JSON otherwise)")
-      ->check(CLI::IsMember({"json", "csv", "table", "markdown"}))
+  add_format_option(sub, options->format, OutputKind::analysis,
+                    fmt::format("Output format: {}. Default: table on a terminal; JSON when piped; with -o, "
+                                "the format the file's extension names ({}; JSON otherwise)",
+                                format_list_help(OutputKind::analysis),
+                                fmt::join(format_extensions(OutputKind::analysis), ", ")))
       ->default_str("by destination");
   options->output_flag =
       sub->add_option("-o,--output", options->output, "Write to FILE (whole or not at all) instead of stdout")

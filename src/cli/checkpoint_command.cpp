@@ -29,31 +29,6 @@ std::vector<std::int64_t> random_tokens(int count, int vocab, std::uint64_t seed
   return ids;
 }
 
-// What the checkpoint holds, for config.checkpoint and `archs --checkpoint`.
-nlohmann::ordered_json describe(const CheckpointFiles& files) {
-  const HfModelSpec& spec = files.spec();
-  std::map<std::string, int> dtypes;
-  for (const TensorEntry& entry : files.entries()) ++dtypes[entry.dtype_name];
-  nlohmann::ordered_json doc = {{"directory", files.directory()},
-                                {"model_type", spec.model_type},
-                                {"placement", std::string(family_placement(spec.family))},
-                                {"layers", spec.layers},
-                                {"hidden_size", spec.hidden},
-                                {"heads", spec.heads},
-                                {"kv_heads", spec.kv_heads},
-                                {"head_dim", spec.head_dim},
-                                {"intermediate_size", spec.intermediate},
-                                {"vocab_size", spec.vocab},
-                                {"tied_embeddings", spec.tied},
-                                {"files", nlohmann::ordered_json::array()},
-                                {"tensor_count", files.entries().size()},
-                                {"dtypes", dtypes}};
-  for (const std::string& name : files.file_names())
-    doc["files"].push_back(std::filesystem::path(name).filename().string());
-  if (!files.ignored_tensors().empty()) doc["ignored_tensors"] = files.ignored_tensors();
-  return doc;
-}
-
 }  // namespace
 
 int run_analyze_checkpoint(const CheckpointCommand& command,
@@ -124,7 +99,7 @@ int run_analyze_checkpoint(const CheckpointCommand& command,
   report.threads = 1;
   report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.timing = !command.no_timing;
-  report.checkpoint = describe(files);
+  report.checkpoint = checkpoint_to_json(checkpoint_contents(files));
   report.checkpoint["tokens_file"] =
       random ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(command.tokens);
   report.checkpoint["loss"] = std::string(to_string(loss));
@@ -139,36 +114,8 @@ int run_analyze_checkpoint(const CheckpointCommand& command,
 }
 
 void print_checkpoint(const std::string& directory, const std::string& format) {
-  const CheckpointFiles files(directory);
-  const HfModelSpec& spec = files.spec();
-  nlohmann::ordered_json doc = describe(files);
-  doc["update_rule"] = spec.input_norms && !spec.output_norms ? "x <- x + F(N(x))"
-                       : spec.input_norms                     ? "x <- x + N(F(N(x)))"
-                                                              : "x <- x + N(F(x))";
-  if (format == "json") {
-    nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
-    for (const TensorEntry& entry : files.entries())
-      tensors.push_back({{"name", entry.name}, {"dtype", entry.dtype_name}, {"shape", entry.shape}});
-    doc["tensors"] = tensors;
-    std::cout << doc.dump(2) << '\n';
-    return;
-  }
-  std::string dtypes;
-  for (const auto& [name, count] : doc["dtypes"].items())
-    dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", count.get<int>(), name);
-  fmt::print(std::cout, "checkpoint  {}\n", directory);
-  fmt::print(std::cout, "model_type  {} -> placement {} ({})\n", spec.model_type,
-             std::string(family_placement(spec.family)), doc["update_rule"].get<std::string>());
-  fmt::print(std::cout, "layers      {} ({} sublayers)\n", spec.layers, spec.sublayers());
-  fmt::print(std::cout, "widths      hidden {}, heads {} x {}, kv heads {}, intermediate {}, vocab {}\n",
-             spec.hidden, spec.heads, spec.head_dim, spec.kv_heads, spec.intermediate, spec.vocab);
-  fmt::print(std::cout, "head        {}\n",
-             spec.tied ? "tied to the token embedding" : "its own lm_head.weight");
-  fmt::print(std::cout, "files       {}\n", fmt::join(doc["files"].get<std::vector<std::string>>(), ", "));
-  fmt::print(std::cout, "tensors     {} ({})\n", files.entries().size(), dtypes);
-  for (const TensorEntry& entry : files.entries())
-    fmt::print(std::cout, "  {:<52} {:<5} [{}]\n", entry.name, entry.dtype_name,
-               fmt::join(entry.shape, ", "));
+  const CheckpointContents contents = checkpoint_contents(CheckpointFiles(directory));
+  find_format(format, OutputKind::checkpoint_contents).checkpoint_contents(contents, std::cout);
 }
 
 }  // namespace gradflow::cli

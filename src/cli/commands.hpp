@@ -18,7 +18,8 @@
 
 namespace gradflow {
 struct AnalysisReport;
-}
+enum class OutputKind;  // report.hpp: what a subcommand writes, for the output formats' table
+}  // namespace gradflow
 
 namespace gradflow::cli {
 
@@ -176,13 +177,15 @@ class AtomicOutput {
   bool committed_ = false;
 };
 
-// The output format of analyze and merge: --format when given (`format`, "" when not); else the
-// format -o's extension names (.json, .csv, .md), JSON for any other file or a pipe, and
-// `terminal_format` when stdout is a terminal. Refuses -o '' and an extension that contradicts
-// --format or names a format outside `allowed`.
+// The output format of analyze and merge, among the output formats that offer `kind`
+// (output_formats()): --format when given (`format`, "" when not); else the format -o's extension
+// names, JSON for any other file or a pipe, and `terminal_format` when stdout is a terminal.
+// Refuses -o '' and an extension that contradicts --format or names a format that does not offer `kind`.
 std::string resolve_output_format(const std::string& format, const CLI::Option* output_flag,
-                                  const std::string& output, const std::vector<std::string>& allowed,
+                                  const std::string& output, OutputKind kind,
                                   const std::string& terminal_format);
+// Adds --format to `sub`, its choices the output formats that offer `kind`.
+CLI::Option* add_format_option(CLI::App* sub, std::string& format, OutputKind kind, const std::string& help);
 
 // What gradflow reads back as one document (results, baselines, tolerances, sweep manifests and
 // cells, config files). The largest it writes: a sweep summary of the most cells a sweep holds

@@ -1,6 +1,7 @@
 // `gradflow merge`: the cells of one or more sweep directories (shards) as one sweep document,
 // with the cross-depth fits; refuses shards whose configurations disagree.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <filesystem>
 #include <sstream>
@@ -174,21 +175,17 @@ std::vector<json> read_cells(const MergeOptions& options, const std::vector<Swee
 
 int run_merge(const MergeOptions& options) {
   const std::string format =
-      resolve_output_format(options.format, options.output_flag, options.output, {"json", "csv"}, "json");
+      resolve_output_format(options.format, options.output_flag, options.output, OutputKind::sweep, "json");
   const std::vector<json> manifests = read_manifests(options);
   const json& manifest = manifests.front();
   const SweepGrid grid = grid_from_manifest(manifest, options.directories.front());
   const std::vector<SweepCell> all_cells = sweep_cells(grid);
   refuse_output_onto_inputs(options, all_cells);
   check_merge_memory(options, all_cells);
-  const json document = sweep_document(manifest, read_cells(options, all_cells, manifest));
-  if (format == "csv") {
-    std::ostringstream text;
-    write_sweep_csv(document, text);
-    write_file_atomically(options.output, text.str(), "-o");
-  } else {
-    write_file_atomically(options.output, document.dump() + "\n", "-o");
-  }
+  const SweepSummary sweep = sweep_summary(manifest, read_cells(options, all_cells, manifest));
+  std::ostringstream text;
+  find_format(format, OutputKind::sweep).sweep(sweep, text);
+  write_file_atomically(options.output, text.str(), "-o");
   return 0;
 }
 }  // namespace
@@ -203,12 +200,14 @@ Command setup_merge(CLI::App& app) {
   options->output_flag =
       sub->add_option("-o,--output", options->output, "Write to FILE (whole or not at all)")
           ->default_str("stdout");
-  sub->add_option(
-         "--format", options->format,
-         "json: the sweep document (as sweep's summary.json, byte for byte); csv: one row per cell with its "
-         "summary figures (per-state arrays stay in the cell files)")
-      ->check(CLI::IsMember({"json", "csv"}))
-      ->default_str("csv for -o *.csv, else json");
+  add_format_option(
+      sub, options->format, OutputKind::sweep,
+      fmt::format("Output format: {}. json: the sweep document (as sweep's summary.json, byte for "
+                  "byte); csv: one row per cell with its summary figures (per-state arrays stay "
+                  "in the cell files)",
+                  format_list_help(OutputKind::sweep)))
+      ->default_str(fmt::format("by -o's extension ({}), else json",
+                                fmt::join(format_extensions(OutputKind::sweep), ", ")));
   return {sub, [options] { return run_merge(*options); }};
 }
 

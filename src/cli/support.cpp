@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "gradflow/app/report.hpp"
 #include "gradflow/errors.hpp"
 
 namespace gradflow::cli {
@@ -157,19 +158,17 @@ void AtomicOutput::commit() {
 }
 
 std::string resolve_output_format(const std::string& format, const CLI::Option* output_flag,
-                                  const std::string& output, const std::vector<std::string>& allowed,
+                                  const std::string& output, OutputKind kind,
                                   const std::string& terminal_format) {
   const bool to_file = output_flag && output_flag->count() > 0 && output != "-";
   if (to_file && output.empty()) {
     throw InputError(
         "-o '' is an empty file name; give a file name (e.g. -o result.json) or omit -o for stdout");
   }
-  std::string named;  // the format the file's extension names
-  const std::string extension = to_file ? std::filesystem::path(output).extension().string() : "";
-  if (extension == ".json") named = "json";
-  if (extension == ".csv") named = "csv";
-  if (extension == ".md") named = "markdown";
-  const auto allowed_list = fmt::format("{}", fmt::join(allowed, ", "));
+  // The format the file's extension names.
+  const std::string named =
+      to_file ? format_of_extension(std::filesystem::path(output).extension().string()) : "";
+  const std::vector<std::string> allowed = format_names(kind);
   if (!format.empty()) {
     if (!named.empty() && named != format) {
       throw InputError(
@@ -181,13 +180,20 @@ std::string resolve_output_format(const std::string& format, const CLI::Option* 
   }
   if (!named.empty()) {
     if (std::find(allowed.begin(), allowed.end(), named) == allowed.end()) {
-      throw InputError(fmt::format("-o {}: this subcommand writes {}, not {}; name the file .json or .csv",
-                                   output, allowed_list, named));
+      const std::vector<std::string> extensions = format_extensions(kind);
+      throw InputError(fmt::format("-o {}: this subcommand writes {}, not {}; name the file {} or {}", output,
+                                   fmt::join(allowed, ", "), named,
+                                   fmt::join(extensions.begin(), extensions.end() - 1, ", "),
+                                   extensions.back()));
     }
     return named;
   }
   if (to_file) return "json";
   return stdout_is_terminal() ? terminal_format : "json";
+}
+
+CLI::Option* add_format_option(CLI::App* sub, std::string& format, OutputKind kind, const std::string& help) {
+  return sub->add_option("--format", format, help)->check(CLI::IsMember(format_names(kind)));
 }
 
 std::string host_tag() {

@@ -29,7 +29,7 @@ std::vector<std::string> stream_names(const AnalysisReport& report) {
 }
 }  // namespace
 
-void write_csv(const AnalysisReport& report, std::ostream& out) {
+void write_csv(const AnalysisReport& report, std::ostream& out, const WriteOptions& /*options*/) {
   if (report.results.empty()) return;
   const SeedResult& first = report.results.front().seeds.front();
   const auto streams = stream_names(report);

@@ -179,32 +179,8 @@ json provenance_to_json() {
           {"float64_products", float64_products}};
 }
 
-void write_json(const AnalysisReport& report, std::ostream& out) {
+void write_json(const AnalysisReport& report, std::ostream& out, const WriteOptions& /*options*/) {
   out << report_to_json(report).dump() << '\n';
-}
-
-json architecture_to_json(const Architecture& arch, const ModelConfig& config) {
-  json constants = json::array();
-  for (const Constant& k : resolve_constants(arch, config)) {
-    constants.push_back({{"name", k.name}, {"value", k.value}, {"formula", k.formula}, {"unit", k.unit}});
-  }
-  json aliases = json::array();
-  for (const auto alias : arch.aliases) aliases.push_back(std::string(alias));
-  json streams = json::array();
-  for (const auto name : arch.streams) streams.push_back(std::string(name));
-  json out = {{"id", std::string(arch.id)},
-              {"aliases", aliases},
-              {"update_rule", std::string(arch.update_rule)},
-              {"final_norm", std::string(arch.final_norm)},
-              {"constants", constants},
-              {"citation", std::string(arch.citation)},
-              {"provisional", arch.provisional},
-              {"streams", streams},
-              {"additive_stream", arch.additive_stream},
-              {"expected_growth_class", std::string(arch.expected_growth)},
-              {"source", std::string(arch.source)}};
-  if (arch.provisional) out["provisional_note"] = std::string(arch.provisional_note);
-  return out;
 }
 
 }  // namespace gradflow

@@ -151,52 +151,74 @@ CellFigures cell_figures(const json& cell, const std::string& origin) {
   }
 }
 
-json sweep_document(const json& manifest, const std::vector<json>& cells) {
+SweepSummary sweep_summary(const json& manifest, const std::vector<json>& cells) {
+  SweepSummary sweep;
+  sweep.manifest = manifest;
   const SweepGrid grid = grid_from_manifest(manifest, "manifest");
-  json rows = json::array();
   std::vector<CellFigures> figures;
   for (const json& cell : cells) {
     const CellFigures f = cell_figures(cell, "cell");
     const json& summary = cell["runs"][0]["seeds"][0]["summary"];
-    rows.push_back({{"arch", f.cell.arch},
-                    {"blocks", f.cell.depth},
-                    {"sublayers", f.sublayers},
-                    {"width", f.cell.width},
-                    {"seed", f.cell.seed},
-                    {"file", "cells/" + cell_file_name(f.cell)},
-                    {"rms_final", json_number(f.rms_final)}});
+    SweepRow row;
+    row.cell = f.cell, row.sublayers = f.sublayers, row.rms_final = f.rms_final;
     for (const SummaryField& field : summary_fields()) {
       // A cell written before a field was added lacks it: null, as a non-finite figure.
-      if (field.in_sweep_cell) rows.back()[std::string(field.key)] = summary.value(field.key, json());
+      if (field.in_sweep_cell) row.summary.emplace_back(field.key, summary.value(field.key, json()));
     }
-    // --update: output_update_rel per learning rate (the model's learning_rates order).
-    if (!f.output_update_rel.empty()) rows.back()["output_update_rel"] = json_numbers(f.output_update_rel);
+    row.output_update_rel = f.output_update_rel;
+    sweep.rows.push_back(std::move(row));
     figures.push_back(f);
   }
-  json fits = json::array();
-  for (const SweepFit& fit : fit_sweep(grid, figures)) {
-    json ratio_slope = bootstrap_to_json(fit.grad_ratio_slope);
-    ratio_slope["unit"] = "decades per sublayer";
-    fits.push_back({{"arch", fit.arch},
-                    {"width", fit.width},
-                    {"blocks", fit.depths},
-                    {"sublayers", fit.sublayers},
-                    {"rms_final_geometric_mean", json_numbers(fit.mean_rms_final)},
-                    {"log10_grad_ratio_mean", json_numbers(fit.mean_log10_grad_ratio)},
-                    {"growth_exponent", bootstrap_to_json(fit.growth_exponent)},
-                    {"growth_class", fit.growth_class},
-                    {"log10_grad_ratio_slope", ratio_slope}});
-    if (!fit.update_exponents.empty()) {
-      json exponents = json::array();
-      for (std::size_t i = 0; i < fit.update_exponents.size(); ++i) {
-        json one = bootstrap_to_json(fit.update_exponents[i]);
-        one["learning_rate"] = fit.learning_rates[i];
-        exponents.push_back(one);
-      }
-      fits.back()["output_update_rel_exponent"] = exponents;
+  sweep.fits = fit_sweep(grid, figures);
+  return sweep;
+}
+
+namespace {
+json row_to_json(const SweepRow& row) {
+  json out = {{"arch", row.cell.arch},
+              {"blocks", row.cell.depth},
+              {"sublayers", row.sublayers},
+              {"width", row.cell.width},
+              {"seed", row.cell.seed},
+              {"file", "cells/" + cell_file_name(row.cell)},
+              {"rms_final", json_number(row.rms_final)}};
+  for (const auto& [key, value] : row.summary) out[std::string(key)] = value;
+  // --update: output_update_rel per learning rate (the model's learning_rates order).
+  if (!row.output_update_rel.empty()) out["output_update_rel"] = json_numbers(row.output_update_rel);
+  return out;
+}
+
+json fit_to_json(const SweepFit& fit) {
+  json ratio_slope = bootstrap_to_json(fit.grad_ratio_slope);
+  ratio_slope["unit"] = "decades per sublayer";
+  json out = {{"arch", fit.arch},
+              {"width", fit.width},
+              {"blocks", fit.depths},
+              {"sublayers", fit.sublayers},
+              {"rms_final_geometric_mean", json_numbers(fit.mean_rms_final)},
+              {"log10_grad_ratio_mean", json_numbers(fit.mean_log10_grad_ratio)},
+              {"growth_exponent", bootstrap_to_json(fit.growth_exponent)},
+              {"growth_class", fit.growth_class},
+              {"log10_grad_ratio_slope", ratio_slope}};
+  if (!fit.update_exponents.empty()) {
+    json exponents = json::array();
+    for (std::size_t i = 0; i < fit.update_exponents.size(); ++i) {
+      json one = bootstrap_to_json(fit.update_exponents[i]);
+      one["learning_rate"] = fit.learning_rates[i];
+      exponents.push_back(one);
     }
+    out["output_update_rel_exponent"] = exponents;
   }
-  json doc = manifest;
+  return out;
+}
+}  // namespace
+
+json sweep_summary_to_json(const SweepSummary& sweep) {
+  json rows = json::array();
+  for (const SweepRow& row : sweep.rows) rows.push_back(row_to_json(row));
+  json fits = json::array();
+  for (const SweepFit& fit : sweep.fits) fits.push_back(fit_to_json(fit));
+  json doc = sweep.manifest;
   doc["cells"] = rows;
   doc["summary"] = {
       {"method",
@@ -214,16 +236,24 @@ json sweep_document(const json& manifest, const std::vector<json>& cells) {
   return doc;
 }
 
+json sweep_document(const json& manifest, const std::vector<json>& cells) {
+  return sweep_summary_to_json(sweep_summary(manifest, cells));
+}
+
+void write_sweep_json(const SweepSummary& sweep, std::ostream& out) {
+  out << sweep_summary_to_json(sweep).dump() << '\n';
+}
+
 // The CSV columns of a sweep row: the cell's identity and rms_final, then every summary field of
-// the sweep rows (an extremum as KEY and KEY_sublayer, an event as KEY_sublayer).
-void write_sweep_csv(const json& sweep, std::ostream& out) {
-  static const char* kCellColumns[] = {"arch", "blocks", "sublayers", "width", "seed", "rms_final"};
+// the sweep rows (an extremum as KEY and KEY_sublayer, an event as KEY_sublayer). A field is
+// written as its JSON text, so that the CSV and the sweep document agree digit for digit.
+void write_sweep_csv(const SweepSummary& sweep, std::ostream& out) {
   const auto text = [](const json& value) {
     if (value.is_null()) return std::string();
     if (value.is_string()) return value.get<std::string>();
     return value.dump();
   };
-  std::vector<std::string> header(std::begin(kCellColumns), std::end(kCellColumns));
+  std::vector<std::string> header = {"arch", "blocks", "sublayers", "width", "seed", "rms_final"};
   for (const SummaryField& field : summary_fields()) {
     if (!field.in_sweep_cell) continue;
     const std::string key(field.key);
@@ -233,17 +263,20 @@ void write_sweep_csv(const json& sweep, std::ostream& out) {
   }
   for (std::size_t i = 0; i < header.size(); ++i) out << (i ? "," : "") << header[i];
   out << "\r\n";
-  for (const json& row : sweep.at("cells")) {
-    std::vector<std::string> cells;
-    for (const char* name : kCellColumns) cells.push_back(text(row.at(name)));
-    for (const SummaryField& field : summary_fields()) {
-      if (!field.in_sweep_cell) continue;
-      const json value = row.value(field.key, json());
+  for (const SweepRow& row : sweep.rows) {
+    std::vector<std::string> cells = {row.cell.arch,
+                                      fmt::format("{}", row.cell.depth),
+                                      fmt::format("{}", row.sublayers),
+                                      fmt::format("{}", row.cell.width),
+                                      fmt::format("{}", row.cell.seed),
+                                      text(json_number(row.rms_final))};
+    for (const auto& [key, value] : row.summary) {
+      const SummaryField* field = find_summary_field(key);
       const json sublayer = value.is_object() ? value.value("sublayer", json()) : json();
-      if (field.kind == SummaryKind::extremum) {
+      if (field->kind == SummaryKind::extremum) {
         cells.push_back(text(value.is_object() ? value.value("value", json()) : json()));
         cells.push_back(text(sublayer));
-      } else if (field.kind == SummaryKind::event) {
+      } else if (field->kind == SummaryKind::event) {
         cells.push_back(text(sublayer));
       } else {
         cells.push_back(text(value));

@@ -236,7 +236,7 @@ std::string update_lines(const AnalysisReport& report) {
 
 }  // namespace
 
-void write_table(const AnalysisReport& report, std::ostream& out, bool colour) {
+void write_table(const AnalysisReport& report, std::ostream& out, const WriteOptions& options) {
   if (report.results.empty()) return;
   const auto& cols = columns();
   std::vector<std::vector<Cell>> rows;
@@ -246,7 +246,7 @@ void write_table(const AnalysisReport& report, std::ostream& out, bool colour) {
   for (const auto& row : rows) {
     for (std::size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], display_width(row[i].text));
   }
-  const auto paint = [colour](const std::string& text, std::string_view code) {
+  const auto paint = [colour = options.colour](const std::string& text, std::string_view code) {
     return colour && !code.empty() ? fmt::format("{}{}{}", code, text, kReset) : text;
   };
   // Columns are joined by two spaces; the last one is not padded, so lines end without blanks.
@@ -269,7 +269,7 @@ void write_table(const AnalysisReport& report, std::ostream& out, bool colour) {
   out << legend(report) << update_lines(report);
 }
 
-void write_markdown(const AnalysisReport& report, std::ostream& out) {
+void write_markdown(const AnalysisReport& report, std::ostream& out, const WriteOptions& /*options*/) {
   if (report.results.empty()) return;
   const auto& cols = columns();
   out << configuration_line(report) << "\n\n|";

@@ -108,7 +108,7 @@ CASES = [
 
     # ---- archs
     Case("archs prenorm", ["archs", "--arch", "prenorm"], r"did you mean \"pre-ln\"\?"),
-    Case("archs format yaml", ["archs", "--format", "yaml"], r"--format \"yaml\" is not one of table, json; " + HELP["archs"]),
+    Case("archs format yaml", ["archs", "--format", "yaml"], r"--format \"yaml\" is not one of json, table; " + HELP["archs"]),
     Case("archs depth 0", ["archs", "--depth", "0"], r"--depth 0 must be at least 1 block"),
     Case("archs option typo", ["archs", "--dpth", "4"], r"unknown option --dpth; did you mean --depth\?; " + HELP["archs"]),
     Case("archs depth 1e2", ["archs", "--depth", "1e2"], r"--depth 1e2 must be written in digits; try --depth 100"),

@@ -111,7 +111,7 @@ AnalysisReport three_seed_report() {
 
 std::string table(const AnalysisReport& report, bool colour = false) {
   std::ostringstream out;
-  write_table(report, out, colour);
+  write_table(report, out, {.colour = colour});
   return out.str();
 }
 

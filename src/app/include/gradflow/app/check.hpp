@@ -83,4 +83,26 @@ struct ExpectationOutcome {
 // Throws InputError naming an unknown arch or field.
 ExpectationOutcome evaluate_expectation(const Expectation& expectation, const nlohmann::ordered_json& result);
 
+// ---- the report of a check (src/report/check_reporter.cpp)
+// A finished check: what was compared, how, and what came of it.
+struct CheckReport {
+  std::string result_path, baseline_path, tolerances_path;  // as given; tolerances "" for the defaults
+  Tolerances tolerances;
+  Comparison comparison;
+  std::vector<ExpectationOutcome> outcomes;
+  bool passed = false;
+  // The runs of each document ("arch seed N", "arch B.. d.. seed N"), named when nothing matched.
+  std::vector<std::string> result_runs, baseline_runs;
+  int max_rows = 50;  // rows listed in each Markdown table
+};
+// The runs of a document, "arch seed N" (or "arch B.. d.. seed N" for sweeps).
+std::vector<std::string> document_run_names(const nlohmann::ordered_json& document);
+// What to do when the first mismatch's field was or was not meant to change.
+std::string mismatch_advice(const Comparison& comparison);
+// Why nothing was compared, naming the runs of both documents, and what to do.
+std::string nothing_compared_advice(const CheckReport& report);
+// The report as Markdown (the CI step summary), or as JSON indented by one.
+void write_check_markdown(const CheckReport& report, std::ostream& out);
+void write_check_json(const CheckReport& report, std::ostream& out);
+
 }  // namespace gradflow

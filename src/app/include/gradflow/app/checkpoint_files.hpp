@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -114,5 +115,21 @@ class CheckpointFiles : public TensorStore {
 // --tokens FILE: whitespace-separated token ids, each in [0, vocab); throws InputError naming the
 // file, the position (0-based) and the id at fault, and an empty file.
 std::vector<std::int64_t> read_token_file(const std::string& path, int vocab);
+
+// ---- what a checkpoint directory holds (src/report/checkpoint_reporter.cpp): archs --checkpoint,
+// and analyze --checkpoint's config.checkpoint.
+struct CheckpointContents {
+  std::string directory;
+  HfModelSpec spec;
+  std::vector<std::string> file_names;  // as found, paths
+  std::vector<TensorEntry> tensors;
+  std::vector<std::string> ignored_tensors;
+};
+CheckpointContents checkpoint_contents(const CheckpointFiles& files);
+// {"directory", "model_type", "placement", "layers", ..., "files", "tensor_count", "dtypes"}.
+nlohmann::ordered_json checkpoint_to_json(const CheckpointContents& contents);
+// archs --checkpoint: the above with the update rule and every tensor, indented by two; or for people.
+void write_checkpoint_json(const CheckpointContents& contents, std::ostream& out);
+void write_checkpoint_table(const CheckpointContents& contents, std::ostream& out);
 
 }  // namespace gradflow

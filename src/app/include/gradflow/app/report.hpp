@@ -110,13 +110,57 @@ nlohmann::ordered_json spread_to_json(const std::vector<double>& samples);
 // The resolved configuration of one placement's run (every default explicit, constants included).
 nlohmann::ordered_json config_to_json(const ArchResult& result);
 nlohmann::ordered_json report_to_json(const AnalysisReport& report);
-void write_json(const AnalysisReport& report, std::ostream& out);
-void write_csv(const AnalysisReport& report, std::ostream& out);
-// A summary for people: one row per placement (mean and spread across seeds), aligned in
-// columns; ANSI colour only when `colour` is set (the caller knows whether stdout is a terminal).
-void write_table(const AnalysisReport& report, std::ostream& out, bool colour);
+// How an analysis is written besides its figures: ANSI colour in the table only when set (the
+// caller knows whether stdout is a terminal).
+struct WriteOptions {
+  bool colour = false;
+};
+void write_json(const AnalysisReport& report, std::ostream& out, const WriteOptions& options = {});
+void write_csv(const AnalysisReport& report, std::ostream& out, const WriteOptions& options = {});
+// A summary for people: one row per placement (mean and spread across seeds), aligned in columns.
+void write_table(const AnalysisReport& report, std::ostream& out, const WriteOptions& options = {});
 // The same rows as a GitHub Markdown table.
-void write_markdown(const AnalysisReport& report, std::ostream& out);
+void write_markdown(const AnalysisReport& report, std::ostream& out, const WriteOptions& options = {});
+
+// ---- the output formats (output_formats.cpp)
+// What a subcommand writes: each is one typed result, which a format may or may not offer.
+enum class OutputKind { analysis, placements, checkpoint_contents, check, sweep };
+struct PlacementsReport;    // archs (below)
+struct CheckpointContents;  // archs --checkpoint (checkpoint_files.hpp)
+struct CheckReport;         // check (check.hpp)
+struct SweepSummary;        // merge (below)
+
+// One output format: its name for --format, the -o extension that names it, and a writer for each
+// kind of result it offers (null: not offered). output_formats() lists them; --format's choices,
+// the extension map and --help's list of formats are read from it, so a new format is one file
+// (its writers) and one row.
+struct OutputFormat {
+  std::string_view name;       // --format's value
+  std::string_view extension;  // the -o FILE extension that names it (".csv"); "" when none does
+  std::string_view help;       // what it is, in --help ("a summary for people"); "" when the name says it
+  void (*analysis)(const AnalysisReport&, std::ostream&, const WriteOptions&) = nullptr;  // analyze
+  void (*placements)(const PlacementsReport&, std::ostream&) = nullptr;                   // archs
+  void (*checkpoint_contents)(const CheckpointContents&, std::ostream&) = nullptr;  // archs --checkpoint
+  void (*check)(const CheckReport&, std::ostream&) = nullptr;                       // check
+  void (*sweep)(const SweepSummary&, std::ostream&) = nullptr;                      // merge
+};
+const std::vector<OutputFormat>& output_formats();
+// Whether `format` offers a writer for `kind`.
+bool offers(const OutputFormat& format, OutputKind kind);
+// The names of the formats that offer `kind`, in table order: --format's choices.
+std::vector<std::string> format_names(OutputKind kind,
+                                      const std::vector<OutputFormat>& formats = output_formats());
+// The format named `name` that offers `kind`; throws InputError naming the choices otherwise.
+const OutputFormat& find_format(std::string_view name, OutputKind kind,
+                                const std::vector<OutputFormat>& formats = output_formats());
+// The format a file's extension names (".md" -> "markdown"), any kind; "" when none does.
+std::string format_of_extension(std::string_view extension,
+                                const std::vector<OutputFormat>& formats = output_formats());
+// The extensions of the formats that offer `kind` (".json", ".csv"), in table order.
+std::vector<std::string> format_extensions(OutputKind kind,
+                                           const std::vector<OutputFormat>& formats = output_formats());
+// --help's list: "json, csv, table (a summary for people) or markdown (...)".
+std::string format_list_help(OutputKind kind, const std::vector<OutputFormat>& formats = output_formats());
 
 // ---- sweeps (sweep_reporter.cpp)
 // One sweep cell: exactly the analyze document of that single (arch, depth, width, seed) run,
@@ -132,20 +176,52 @@ nlohmann::ordered_json sweep_manifest(const SweepGrid& grid, const ModelConfig& 
 SweepGrid grid_from_manifest(const nlohmann::ordered_json& manifest, const std::string& origin);
 // The figures the fits need, read from a cell document; throws InputError naming `origin`.
 CellFigures cell_figures(const nlohmann::ordered_json& cell, const std::string& origin);
-// The sweep document: manifest, one summary row per cell in the global order, and the fits.
+// One cell's row of a sweep: its identity, rms(x_S), the summary figures of the sweep rows (as
+// the cell document records them, in summary_fields() order; null when an older cell lacks one)
+// and, with --update, output_update_rel per learning rate.
+struct SweepRow {
+  SweepCell cell;
+  int sublayers = 0;
+  double rms_final = 0.0;
+  std::vector<std::pair<std::string_view, nlohmann::ordered_json>> summary;
+  std::vector<double> output_update_rel;
+};
+// A finished sweep: its manifest, one row per cell in the global order, and the cross-depth fits.
+struct SweepSummary {
+  nlohmann::ordered_json manifest;
+  std::vector<SweepRow> rows;
+  std::vector<SweepFit> fits;
+};
 // `cells` holds every cell document of the grid, in the global order.
+SweepSummary sweep_summary(const nlohmann::ordered_json& manifest,
+                           const std::vector<nlohmann::ordered_json>& cells);
+// The sweep document: manifest, one summary row per cell in the global order, and the fits.
+nlohmann::ordered_json sweep_summary_to_json(const SweepSummary& sweep);
 nlohmann::ordered_json sweep_document(const nlohmann::ordered_json& manifest,
                                       const std::vector<nlohmann::ordered_json>& cells);
-// The sweep document as CSV: one row per cell (its summary figures), RFC 4180.
-void write_sweep_csv(const nlohmann::ordered_json& sweep, std::ostream& out);
+// The sweep document, compact, one line.
+void write_sweep_json(const SweepSummary& sweep, std::ostream& out);
+// The sweep as CSV: one row per cell (its summary figures), RFC 4180.
+void write_sweep_csv(const SweepSummary& sweep, std::ostream& out);
 
 // The key where two JSON objects first differ, as "PREFIXkey: A vs B" ("model.seq: 16 vs 32");
 // empty when equal. Compares a sweep's manifests and a cell file with the run it should hold.
 std::string first_difference(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b,
                              const std::string& prefix);
 
+// ---- the placements (archs_reporter.cpp)
 // A placement's registry entry (gradflow archs), with constants at `config`'s depth.
 nlohmann::ordered_json architecture_to_json(const Architecture& arch, const ModelConfig& config);
+// What `gradflow archs` lists: placements with their constants at `config`'s depth.
+struct PlacementsReport {
+  std::vector<const Architecture*> architectures;
+  ModelConfig config;
+  bool detail = false;  // --arch given: each in detail, with its closed forms
+};
+// {"schema_version", "depth_blocks", "sublayers", "architectures"}, indented by one.
+void write_placements_json(const PlacementsReport& report, std::ostream& out);
+// For people: one paragraph per placement (in detail, or a few lines each and a count).
+void write_placements_table(const PlacementsReport& report, std::ostream& out);
 
 // safetensors: 8-byte little-endian header size, JSON header, raw little-endian data.
 void write_safetensors(const std::vector<NamedTensor>& tensors, Precision precision,
