@@ -334,7 +334,7 @@ double sublayer_forward_flops(const ModelConfig& config) {
 
 double estimated_memory_bytes(const ModelConfig& config, int stream_count) {
   const double scalar = config.precision == Precision::f32 ? 4 : 8;
-  const double d = config.width, t = config.seq, h = config.ffn_hidden(), kv_width = config.kv_width(),
+  const double d = config.width, t = config.seq,
                s = static_cast<double>(config.blocks) * config.sublayers_per_block();
   // Columns carried through a sublayer at once: the probes, --spectrum's 2k block, or one per
   // output coordinate for --exact-jacobian (plus its dense (n, T d) copy for the SVD).
