@@ -29,20 +29,30 @@ struct Outputs {
   std::vector<double> attention_dots, ffn_dots;
 };
 
+// Attention's W_Q, W_K, W_V, W_O (d, d), and a gelu FFN's W_1 (d, 4d) and W_2 (4d, d) with room
+// for a gate W_3, drawn from fixed seeds.
+SublayerWeights<float> attention_weights(int d) {
+  SublayerWeights<float> w;
+  w.resize(kAttentionWeights);
+  for (const int m : {kWeightQ, kWeightK, kWeightV, kWeightO})
+    w.matrices[m] = random_float(d, d, static_cast<unsigned>(1 + m), 0.15);
+  return w;
+}
+
+SublayerWeights<float> ffn_weights(int d) {
+  SublayerWeights<float> f;
+  f.resize(ffn_weight_count(FfnKind::swiglu));
+  f.matrices[kWeightUp] = random_float(d, 4 * d, 5, 0.1);
+  f.matrices[kWeightDown] = random_float(4 * d, d, 6, 0.1);
+  return f;
+}
+
 // One attention and one FFN sublayer forward and backward (with parameter gradients and output
 // dot products) at d = 320, 4 heads, 12 tokens, 3 probes, on `pool` (null: one thread): three
 // blocks of output columns (128, 128, 64) and ten of hidden units.
 Outputs sublayers_on(WorkPool* pool) {
   const int d = 320, tokens = 12, probes = 3;
-  SublayerWeights<float> w, f;  // attention's, the FFN's
-  w.resize(kAttentionWeights);
-  f.resize(ffn_weight_count(FfnKind::swiglu));
-  w.matrices[kWeightQ] = random_float(d, d, 1, 0.15);
-  w.matrices[kWeightK] = random_float(d, d, 2, 0.15);
-  w.matrices[kWeightV] = random_float(d, d, 3, 0.15);
-  w.matrices[kWeightO] = random_float(d, d, 4, 0.15);
-  f.matrices[kWeightUp] = random_float(d, 4 * d, 5, 0.1);
-  f.matrices[kWeightDown] = random_float(4 * d, d, 6, 0.1);
+  const SublayerWeights<float> w = attention_weights(d), f = ffn_weights(d);
   const Mat<float> x = random_float(tokens, d, 7, 1.0), dy = random_float(probes * tokens, d, 8, 1.0);
   AttentionOptions attention;
   attention.heads = 4;
@@ -86,15 +96,7 @@ TEST_CASE("the ops give the same bits on every thread count, on WorkPool's worke
 TEST_CASE("ffn and attention variants give the same bits on seven threads as on one") {
   const int d = 64, tokens = 12, probes = 3;
   WorkPool seven(7, false);
-  SublayerWeights<float> w, f;  // attention's, the FFN's
-  w.resize(kAttentionWeights);
-  f.resize(ffn_weight_count(FfnKind::swiglu));
-  w.matrices[kWeightQ] = random_float(d, d, 1, 0.15);
-  w.matrices[kWeightK] = random_float(d, d, 2, 0.15);
-  w.matrices[kWeightV] = random_float(d, d, 3, 0.15);
-  w.matrices[kWeightO] = random_float(d, d, 4, 0.15);
-  f.matrices[kWeightUp] = random_float(d, 4 * d, 5, 0.1);
-  f.matrices[kWeightDown] = random_float(4 * d, d, 6, 0.1);
+  const SublayerWeights<float> w = attention_weights(d), f = ffn_weights(d);
   const Mat<float> x = random_float(tokens, d, 7);
   const Mat<float> dy = random_float(probes * tokens, d, 8);
 
