@@ -103,9 +103,6 @@ NormKind parse_norm_kind(std::string_view name) {
 InitKind parse_init_kind(std::string_view name) {
   return parse_enum("--init", name, {InitKind::xavier, InitKind::gpt2, InitKind::small, InitKind::normal});
 }
-FfnKind parse_ffn_kind(std::string_view name) {
-  return parse_enum("--ffn", name, {FfnKind::gelu, FfnKind::swiglu, FfnKind::geglu});
-}
 
 void set_init(ModelConfig& config, std::string_view text) {
   const auto colon = text.find(':');
@@ -290,6 +287,7 @@ void validate(const ModelConfig& config, const PlacementRegistry& placements) {
         fmt::format("--input-corr {} must lie in [0, 1]; try --input-corr 0.5", config.input_corr));
   }
   validate_block_ops(config);
+  validate_op_options(config);          // --ffn's word and the ops' own options (--experts, ...)
   placements.validate_options(config);  // the placements' own options (--alpha, --keel-variant, ...)
   if (config.angles_all && config.sublayers() > kAnglesMaxSublayers) {
     throw InputError(fmt::format(

@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "gradflow/branch_op.hpp"
 #include "gradflow/errors.hpp"
 
 namespace gradflow {
@@ -219,7 +220,7 @@ void read_ffn(KeyReader& keys, const KeyNames& names, const Family& family, Shap
       act_value ? keys.text(act_key, *act_value) : "gelu_new";  // GPT2Config's default
   const FfnKind ffn = ffn_kind(keys, act_key, activation, family.gated);
   add(file, "ffn", "--ffn", act_value ? from_file(act_key) : "default of model_type gpt2 (gelu_new)",
-      std::string(to_string(ffn)), [ffn](ModelConfig& m) { m.ffn = ffn; });
+      std::string(to_string(ffn)), [ffn](ModelConfig& m) { m.ffn = to_string(ffn); });
   if (activation.find("tanh") != std::string::npos || activation == "gelu_new" || activation == "gelu_fast")
     file.notes.push_back(fmt::format("{} {} is the tanh approximation of GELU; gradflow uses the erf form",
                                      act_key, activation));
@@ -233,6 +234,63 @@ void read_ffn(KeyReader& keys, const KeyNames& names, const Family& family, Shap
   const int ffn_hidden = keys.integer(names.ffn_hidden, *hidden, kMaxWidth);
   add(file, "ffn_hidden", "--ffn-hidden", from_file(names.ffn_hidden), ffn_hidden,
       [ffn_hidden](ModelConfig& m) { m.ffn_hidden_width = ffn_hidden; });
+}
+
+// Replaces the setting of `key` read earlier (a branch op's own key for the FFN width).
+void replace(ModelConfigFile& file, const std::string& key, std::string flag, std::string source, json value,
+             std::function<void(ModelConfig&)> apply) {
+  std::erase_if(file.settings, [&key](const ConfigFileSetting& setting) { return setting.key == key; });
+  add(file, key, std::move(flag), std::move(source), std::move(value), std::move(apply));
+}
+
+// A branch op the file chooses by its keys (BranchOpRow::config_json, e.g. the mixture of experts
+// by num_local_experts): --ffn becomes the op's word, and its keys set its options. The options
+// apply only while --ffn names the op, so that --ffn given on the command line wins whole.
+void read_ffn_op(KeyReader& keys, ModelConfigFile& file) {
+  for (const BranchOpRow& row : branch_ops()) {
+    if (row.config_json.empty() || row.ffn_words.empty()) continue;
+    const auto present = [&keys](const ConfigJsonKey& entry) -> std::pair<std::string_view, const json*> {
+      for (const std::string_view name : entry.names) {
+        if (const json* value = keys.find(name)) return {name, value};
+      }
+      return {{}, nullptr};
+    };
+    const auto [marker, marked] = present(row.config_json.front());
+    if (!marked) continue;
+    const std::string word(row.ffn_words.front().word);
+    replace(file, "ffn", "--ffn", from_file(marker), word, [word](ModelConfig& m) { m.ffn = word; });
+    const BranchOpRow* chosen = &row;
+    for (const ConfigJsonKey& entry : row.config_json) {
+      const auto [name, value] = present(entry);
+      if (!value) continue;
+      if (entry.option == "ffn_hidden") {
+        const int hidden = keys.integer(name, *value, kMaxWidth);
+        replace(file, "ffn_hidden", "--ffn-hidden", from_file(name), hidden,
+                [hidden](ModelConfig& m) { m.ffn_hidden_width = hidden; });
+        continue;
+      }
+      const auto [owner, option] = op_option(entry.option);
+      if (owner != chosen) throw std::logic_error("a config_json entry names another op's option");
+      OptionValue read;
+      if (option->is_word()) {
+        if (!value->is_boolean())
+          keys.fail(name, fmt::format("must be true or false, not {}", value->dump()));
+        read = std::string(value->get<bool>() ? entry.if_true : entry.if_false);
+      } else {
+        const double number = keys.number(name, *value, -kHuge, kHuge, "a number");
+        if (!option->range.contains(number))
+          keys.fail(name, fmt::format("must {} (it sets {}), not {}", option->range.requirement(),
+                                      option->flag, value->dump()));
+        read = number;
+      }
+      const std::string key(entry.option);
+      replace(file, key, std::string(option->flag), from_file(name),
+              std::visit([](const auto& v) { return json(v); }, read), [key, read, chosen](ModelConfig& m) {
+                if (ffn_op_by_word(m.ffn) == chosen) m.op_options[key] = read;
+              });
+    }
+    return;
+  }
 }
 
 void read_norm(KeyReader& keys, const KeyNames& names, const Family& family, ModelConfigFile& file) {
@@ -356,6 +414,7 @@ ModelConfigFile read_model_config_file(std::string_view text, std::string_view o
   const Shape shape = read_shape(keys, *family->keys, file);
   read_attention(keys, *family->keys, *family, shape, file);
   read_ffn(keys, *family->keys, *family, shape, file);
+  read_ffn_op(keys, file);
   read_norm(keys, *family->keys, *family, file);
   read_positions(keys, *family, file);
   read_init(keys, file);

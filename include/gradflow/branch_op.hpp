@@ -5,6 +5,7 @@
 // the table, so a new op is its own file plus one row in src/ops/branch_ops.cpp.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,16 +15,23 @@
 
 #include "gradflow/config.hpp"
 #include "gradflow/ops.hpp"
+#include "gradflow/option.hpp"
 
 namespace gradflow {
 
-// The block's ops as --ffn, --kv-heads, --rope-theta/--rope-fraction and --norm-eps set them.
+// The block's ops as --ffn, --kv-heads, --rope-theta/--rope-fraction, --norm-eps and the ops' own
+// options set them.
 struct BlockOps {
-  FfnKind ffn = FfnKind::gelu;
-  int kv_heads = 0;  // 0: = heads
+  std::string_view ffn_op = "ffn";  // the name of the row serving FFN sublayers (--ffn's word picks it)
+  FfnKind ffn = FfnKind::gelu;      // the activation of that op's FFNs (--ffn's word sets it)
+  int kv_heads = 0;                 // 0: = heads
   double rope_theta = 0.0;
   int rotary_dims = 0;  // 0: no rotary embedding
   double norm_eps = kNormEps;
+  // The FFN op's own options (BranchOpRow::options) by key, each as given or else its default.
+  std::map<std::string, OptionValue, std::less<>> options;
+  double number(std::string_view key) const;  // throws std::logic_error for an undeclared key
+  const std::string& word(std::string_view key) const;
 };
 BlockOps block_ops(const ModelConfig& config);
 
@@ -71,10 +79,37 @@ class BranchOp {
                                 WorkPool* pool) const = 0;
 };
 
+// A word --ffn takes, naming an FFN op and the activation of its FFNs ("swiglu": the FFN op
+// with SiLU gates; "moe": the mixture of experts with SwiGLU experts).
+struct FfnWord {
+  std::string_view word;
+  FfnKind activation;
+  std::string_view help;  // for --help: "swiglu (gated, SiLU; a third matrix W_3)"
+};
+
+// A config.json key an op reads (model_config_file.hpp): when a file has any of `names` (the
+// first one present wins), the FFN is this op and the value sets `option`, one of the row's
+// options, or "ffn_hidden" (--ffn-hidden). A word option maps a JSON boolean to `if_true`/`if_false`.
+struct ConfigJsonKey {
+  std::string_view option;
+  std::vector<std::string_view> names;
+  std::string_view if_true, if_false;
+};
+
 struct BranchOpRow {
   std::string_view name;
   // Whether this op is the branch of a sublayer of `kind` under the block's ops.
   bool (*serves)(SublayerKind kind, const BlockOps& ops);
+  // An FFN op: the --ffn words that choose it (the first one is its default activation's).
+  std::vector<FfnWord> ffn_words = {};
+  // Its own settings (--experts, ...): flags of analyze and sweep, checked by validate(), given
+  // values in ModelConfig::op_options, and written to each run's "config" while the op is in use.
+  std::vector<PlacementOption> options = {};
+  // Checks across its options and the model (e.g. top-k at most the expert count) when in use;
+  // throws InputError naming the value and the fix. May be null.
+  void (*check)(const ModelConfig& config) = nullptr;
+  // config.json keys that choose this op and set its options (empty: the file cannot choose it).
+  std::vector<ConfigJsonKey> config_json = {};
   // The weights in SublayerWeights' order, each drawn by base init (initialization.cpp).
   std::vector<WeightSpec> (*weights)(const ModelConfig& config);
   BranchCost (*cost)(const ModelConfig& config);
@@ -100,6 +135,17 @@ inline const BranchOpRow& branch_op(SublayerKind kind, const BlockOps& ops) {
 inline const BranchOpRow& branch_op(const ModelConfig& config, SublayerKind kind) {
   return branch_op(kind, block_ops(config));
 }
+
+// The row whose ffn_words hold `word`, or nullptr.
+const BranchOpRow* ffn_op_by_word(std::string_view word);
+// Every --ffn word in table order, and every op option once (by key): the flags analyze and sweep take.
+std::vector<const FfnWord*> ffn_words();
+std::vector<const PlacementOption*> op_options();
+// The row declaring op option `key` and its declaration, or {nullptr, nullptr}.
+std::pair<const BranchOpRow*, const PlacementOption*> op_option(std::string_view key);
+// Refuses (InputError) a --ffn word no row takes, an op option's bad value, an option of an op not
+// in use ("--experts applies to --ffn moe"), and what the op in use's check() refuses.
+void validate_op_options(const ModelConfig& config);
 
 // The ops' rows, defined in their own files.
 BranchOpRow attention_op_row();

@@ -38,7 +38,6 @@ std::string_view to_string(UpdateRule value);
 BlockKind parse_block_kind(std::string_view name);
 NormKind parse_norm_kind(std::string_view name);
 InitKind parse_init_kind(std::string_view name);
-FfnKind parse_ffn_kind(std::string_view name);
 struct ModelConfig;
 // --init NAME or normal:STD (STD defaults to 0.02): sets init and init_std, or throws InputError.
 void set_init(ModelConfig& config, std::string_view text);
@@ -76,16 +75,18 @@ struct ModelConfig {
   int probes = 1;
   double input_corr = 0.0;
   // The block's ops (issue 19); the defaults are the GPT-2-like block.
-  FfnKind ffn = FfnKind::gelu;  // --ffn
-  int ffn_hidden_width = 0;     // --ffn-hidden: the FFN's hidden width; 0 means kFfnMultiple * width
-  double rope_theta = 0.0;      // --rope-theta: rotary base (Su et al. 2021); 0 means no rotary embedding
-  double rope_fraction = 1.0;   // --rope-fraction: the leading fraction of each head's dims rotated
-  int kv_heads = 0;             // --kv-heads: key/value heads (Ainslie et al. 2023); 0 means = heads
-  bool bias = false;            // --bias: a bias on every projection, zero at init
-  double norm_eps = kNormEps;   // --norm-eps: every norm's epsilon
+  std::string ffn = "gelu";    // --ffn: a word of the branch-op table (branch_op.hpp, FfnWord)
+  int ffn_hidden_width = 0;    // --ffn-hidden: the FFN's hidden width; 0 means kFfnMultiple * width
+  double rope_theta = 0.0;     // --rope-theta: rotary base (Su et al. 2021); 0 means no rotary embedding
+  double rope_fraction = 1.0;  // --rope-fraction: the leading fraction of each head's dims rotated
+  int kv_heads = 0;            // --kv-heads: key/value heads (Ainslie et al. 2023); 0 means = heads
+  bool bias = false;           // --bias: a bias on every projection, zero at init
+  double norm_eps = kNormEps;  // --norm-eps: every norm's epsilon
   // Placement options given by the user (--alpha, --keel-variant, ...), by PlacementOption::key;
   // an absent key means "the placement's own default".
   std::map<std::string, OptionValue, std::less<>> options;
+  // The branch ops' options given by the user (--experts, ...), by key (BranchOpRow::options).
+  std::map<std::string, OptionValue, std::less<>> op_options;
   // Optional analyses (issue 4); each costs extra passes over the stack.
   bool angles_all = false;      // --angles all: the (S+1)x(S+1) angular-distance matrix over states
   int spectrum = 0;             // --spectrum k: top-k singular values of J_{l->out} per state

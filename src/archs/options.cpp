@@ -77,23 +77,24 @@ std::string quoted_choices(const PlacementOption& option) {
 }
 }  // namespace
 
-void PlacementRegistry::validate_options(const ModelConfig& config) const {
-  for (const auto& [key, value] : config.options) {
-    const PlacementOption& option = declaration(*this, key);
-    if (option.is_word() != std::holds_alternative<std::string>(value))
-      throw std::logic_error(fmt::format("option {:?} given as the wrong type", key));
-    if (const auto* number = std::get_if<double>(&value)) {
-      if (!option.range.contains(*number))
-        throw InputError(fmt::format("{} {} must {}{}", option.flag, *number, option.range.requirement(),
-                                     option.fix.empty() ? "" : fmt::format("; {}", option.fix)));
-      continue;
-    }
-    const std::string& word = std::get<std::string>(value);
-    if (std::find(option.choices.begin(), option.choices.end(), word) == option.choices.end()) {
-      throw InputError(fmt::format("{} {:?} is not {}{}", option.flag, word, quoted_choices(option),
+void check_option_value(const PlacementOption& option, const OptionValue& value) {
+  if (option.is_word() != std::holds_alternative<std::string>(value))
+    throw std::logic_error(fmt::format("option {:?} given as the wrong type", option.key));
+  if (const auto* number = std::get_if<double>(&value)) {
+    if (!option.range.contains(*number))
+      throw InputError(fmt::format("{} {} must {}{}", option.flag, *number, option.range.requirement(),
                                    option.fix.empty() ? "" : fmt::format("; {}", option.fix)));
-    }
+    return;
   }
+  const std::string& word = std::get<std::string>(value);
+  if (std::find(option.choices.begin(), option.choices.end(), word) == option.choices.end()) {
+    throw InputError(fmt::format("{} {:?} is not {}{}", option.flag, word, quoted_choices(option),
+                                 option.fix.empty() ? "" : fmt::format("; {}", option.fix)));
+  }
+}
+
+void PlacementRegistry::validate_options(const ModelConfig& config) const {
+  for (const auto& [key, value] : config.options) check_option_value(declaration(*this, key), value);
 }
 
 }  // namespace gradflow

@@ -17,12 +17,14 @@ std::string_view to_string(HfFamily value) {
   constexpr std::array names{"llama", "mistral", "qwen2", "olmo2", "gpt2", "gemma2"};
   return names[static_cast<int>(value)];
 }
-std::string_view to_string(LossKind value) { return value == LossKind::lm ? "lm" : "probe"; }
+std::string_view to_string(LossKind value) {
+  return value == LossKind::lm ? "lm" : "probe";
+}
 LossKind parse_loss_kind(std::string_view name) {
   if (name == "lm") return LossKind::lm;
   if (name == "probe") return LossKind::probe;
-  throw InputError(fmt::format("--loss {} is not a loss; try --loss lm (the language-model loss) or --loss probe",
-                               name));
+  throw InputError(
+      fmt::format("--loss {} is not a loss; try --loss lm (the language-model loss) or --loss probe", name));
 }
 
 std::string_view family_placement(HfFamily family) {
@@ -39,12 +41,12 @@ std::string_view family_placement(HfFamily family) {
 namespace {
 
 constexpr std::array<std::pair<std::string_view, HfFamily>, 6> kModelTypes{{{"llama", HfFamily::llama},
-                                                                           {"mistral", HfFamily::mistral},
-                                                                           {"qwen2", HfFamily::qwen2},
-                                                                           {"olmo2", HfFamily::olmo2},
-                                                                           {"gpt2", HfFamily::gpt2},
-                                                                           {"gemma2", HfFamily::gemma2}}};
-constexpr int kMaxSize = 1 << 20;      // widths, heads, vocabulary: far beyond any model, inside int
+                                                                            {"mistral", HfFamily::mistral},
+                                                                            {"qwen2", HfFamily::qwen2},
+                                                                            {"olmo2", HfFamily::olmo2},
+                                                                            {"gpt2", HfFamily::gpt2},
+                                                                            {"gemma2", HfFamily::gemma2}}};
+constexpr int kMaxSize = 1 << 20;  // widths, heads, vocabulary: far beyond any model, inside int
 constexpr int kMaxLayers = 1 << 16;
 
 class Keys {
@@ -120,10 +122,12 @@ void read_rope_scaling(const json& config, const Keys& keys, HfModelSpec& spec) 
   if (!scaling->is_object()) keys.fail(key, fmt::format("must be an object, not {}", scaling->dump()));
   if (std::string_view(key) == "rope_parameters") {
     if (scaling->contains("full_attention") || scaling->contains("sliding_attention"))
-      keys.fail(key, "holds one set per layer type, which gradflow does not read; give one rope_parameters object");
+      keys.fail(
+          key, "holds one set per layer type, which gradflow does not read; give one rope_parameters object");
     if (const auto theta = scaling->find("rope_theta"); theta != scaling->end()) {
       if (!theta->is_number() || !(theta->get<double>() > 0))
-        keys.fail("rope_parameters.rope_theta", fmt::format("must be a positive number, not {}", theta->dump()));
+        keys.fail("rope_parameters.rope_theta",
+                  fmt::format("must be a positive number, not {}", theta->dump()));
       if (keys.find("rope_theta") && keys.find("rope_theta")->get<double>() != theta->get<double>())
         keys.fail("rope_theta", "disagrees with rope_parameters.rope_theta; keep one of them");
       spec.rope_theta = theta->get<double>();
@@ -131,7 +135,8 @@ void read_rope_scaling(const json& config, const Keys& keys, HfModelSpec& spec) 
   }
   const std::string origin = fmt::format("config.json:{}", key);
   const Keys inner(*scaling, origin);
-  const std::string type = inner.find("rope_type") ? inner.text("rope_type", "") : inner.text("type", "default");
+  const std::string type =
+      inner.find("rope_type") ? inner.text("rope_type", "") : inner.text("type", "default");
   if (type == "default") return;
   spec.rope_factor = inner.number("factor", 0.0, 0.0, 1e6);
   if (spec.rope_factor <= 0) inner.fail("factor", "is missing; rope_scaling gives it");
@@ -168,10 +173,12 @@ void read_sliding_windows(const Keys& keys, HfModelSpec& spec) {
       keys.fail("layer_types", fmt::format("must list one type per layer ({})", spec.layers));
     for (int i = 0; i < spec.layers; ++i) {
       const json& type = (*types)[i];
-      if (type == "sliding_attention") spec.sliding_window[i] = window;
+      if (type == "sliding_attention")
+        spec.sliding_window[i] = window;
       else if (type != "full_attention")
-        keys.fail("layer_types", fmt::format("entry {} is {}, not \"sliding_attention\" or \"full_attention\"", i,
-                                             type.dump()));
+        keys.fail(
+            "layer_types",
+            fmt::format("entry {} is {}, not \"sliding_attention\" or \"full_attention\"", i, type.dump()));
     }
     return;
   }
@@ -184,7 +191,8 @@ void read_sliding_windows(const Keys& keys, HfModelSpec& spec) {
         spec.sliding_window[i] = window;
         break;
       case HfFamily::qwen2:  // Qwen2Config: use_sliding_window, from max_window_layers on
-        if (keys.boolean("use_sliding_window", false) && i >= keys.integer("max_window_layers", kMaxLayers, 28))
+        if (keys.boolean("use_sliding_window", false) &&
+            i >= keys.integer("max_window_layers", kMaxLayers, 28))
           spec.sliding_window[i] = window;
         break;
       default:
@@ -212,7 +220,8 @@ void read_gpt2(const Keys& keys, HfModelSpec& spec) {
   spec.position_embedding = true;
   spec.attention_scale = keys.boolean("scale_attn_weights", true) ? 1.0 / std::sqrt(spec.head_dim) : 1.0;
   if (keys.boolean("scale_attn_by_inverse_layer_idx", false))
-    keys.fail("scale_attn_by_inverse_layer_idx", "true is not computed by gradflow; the GPT-2 family uses false");
+    keys.fail("scale_attn_by_inverse_layer_idx",
+              "true is not computed by gradflow; the GPT-2 family uses false");
   spec.tied = keys.boolean("tie_word_embeddings", true);
   spec.sliding_window.assign(spec.layers, 0);
 }
@@ -226,9 +235,11 @@ void read_shared(const Keys& keys, const json& config, HfModelSpec& spec) {
     keys.fail("num_key_value_heads",
               fmt::format("{} does not divide num_attention_heads {}", spec.kv_heads, spec.heads));
   if (!keys.find("head_dim") && spec.hidden % spec.heads != 0)
-    keys.fail("num_attention_heads", fmt::format("{} does not divide hidden_size {}", spec.heads, spec.hidden));
+    keys.fail("num_attention_heads",
+              fmt::format("{} does not divide hidden_size {}", spec.heads, spec.hidden));
   // Gemma2Config's head_dim defaults to 256, the others' to hidden_size / num_attention_heads.
-  spec.head_dim = keys.integer("head_dim", kMaxSize, spec.family == HfFamily::gemma2 ? 256 : spec.hidden / spec.heads);
+  spec.head_dim =
+      keys.integer("head_dim", kMaxSize, spec.family == HfFamily::gemma2 ? 256 : spec.hidden / spec.heads);
   spec.intermediate = keys.integer("intermediate_size", kMaxSize);
   spec.vocab = keys.integer("vocab_size", kMaxSize * 8);
   spec.max_positions = keys.integer("max_position_embeddings", 1 << 30, 1 << 30);
@@ -263,15 +274,17 @@ void read_shared(const Keys& keys, const json& config, HfModelSpec& spec) {
     case HfFamily::gemma2:
       spec.gain_offset = true;
       spec.output_norms = true;
-      spec.activation = activation_of(keys, keys.find("hidden_activation") ? "hidden_activation" : "hidden_act",
-                                      "gelu_pytorch_tanh");
+      spec.activation = activation_of(
+          keys, keys.find("hidden_activation") ? "hidden_activation" : "hidden_act", "gelu_pytorch_tanh");
       spec.embedding_scale = std::sqrt(static_cast<double>(spec.hidden));
       spec.attention_scale = 1.0 / std::sqrt(keys.number("query_pre_attn_scalar", 256.0, 0.0, 1e12));
       // Gemma2Config: attn_logit_softcapping 50 and final_logit_softcapping 30 when absent; null: none
-      spec.attn_softcap =
-          keys.is_null("attn_logit_softcapping") ? 0.0 : keys.number("attn_logit_softcapping", 50.0, 0.0, 1e12);
-      spec.final_softcap =
-          keys.is_null("final_logit_softcapping") ? 0.0 : keys.number("final_logit_softcapping", 30.0, 0.0, 1e12);
+      spec.attn_softcap = keys.is_null("attn_logit_softcapping")
+                              ? 0.0
+                              : keys.number("attn_logit_softcapping", 50.0, 0.0, 1e12);
+      spec.final_softcap = keys.is_null("final_logit_softcapping")
+                               ? 0.0
+                               : keys.number("final_logit_softcapping", 30.0, 0.0, 1e12);
       spec.tied = keys.boolean("tie_word_embeddings", true);
       break;
     case HfFamily::gpt2:
@@ -305,8 +318,10 @@ HfModelSpec read_hf_model_spec(const json& config, std::string_view origin) {
     keys.fail("model_type", fmt::format("\"{}\" is not a family gradflow reads; supported: llama, mistral, "
                                         "qwen2, olmo2, gpt2, gemma2",
                                         spec.model_type));
-  if (spec.family == HfFamily::gpt2) read_gpt2(keys, spec);
-  else read_shared(keys, config, spec);
+  if (spec.family == HfFamily::gpt2)
+    read_gpt2(keys, spec);
+  else
+    read_shared(keys, config, spec);
   return spec;
 }
 
@@ -379,8 +394,9 @@ bool ignorable_tensor(const HfModelSpec& spec, std::string_view name) {
   const auto ends_with = [name](std::string_view tail) {
     return name.size() >= tail.size() && name.substr(name.size() - tail.size()) == tail;
   };
-  if (spec.family == HfFamily::gpt2) return ends_with(".attn.bias") || ends_with(".attn.masked_bias") ||
-                                            (spec.tied && name == "lm_head.weight");
+  if (spec.family == HfFamily::gpt2)
+    return ends_with(".attn.bias") || ends_with(".attn.masked_bias") ||
+           (spec.tied && name == "lm_head.weight");
   return ends_with(".rotary_emb.inv_freq") || (spec.tied && name == "lm_head.weight");
 }
 
@@ -396,7 +412,9 @@ ModelConfig model_config_of(const HfModelSpec& spec, int tokens, Precision preci
   config.init = InitKind::normal;
   config.precision = precision;
   config.seed = seed;
-  config.ffn = !spec.gated ? FfnKind::gelu : spec.activation == HfActivation::silu ? FfnKind::swiglu : FfnKind::geglu;
+  config.ffn = to_string(!spec.gated                             ? FfnKind::gelu
+                         : spec.activation == HfActivation::silu ? FfnKind::swiglu
+                                                                 : FfnKind::geglu);
   config.ffn_hidden_width = spec.intermediate;
   config.rope_theta = spec.rope_theta;
   config.rope_fraction = spec.rope_theta > 0 ? static_cast<double>(spec.rotary_dims) / spec.head_dim : 1.0;

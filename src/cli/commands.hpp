@@ -106,6 +106,9 @@ struct ModelOptions {
   // The placement options' flags (PlacementOption), by key; a value only when the flag is given.
   std::map<std::string, std::optional<double>, std::less<>> numbers;
   std::map<std::string, std::optional<std::string>, std::less<>> words;
+  // The branch ops' own flags (BranchOpRow::options, e.g. --experts), likewise.
+  std::map<std::string, std::optional<double>, std::less<>> op_numbers;
+  std::map<std::string, std::optional<std::string>, std::less<>> op_words;
 };
 void add_model_options(CLI::App* sub, ModelOptions& options);
 // The placements' own flags (--alpha, --keel-variant, ...); called after every other flag of `sub`.

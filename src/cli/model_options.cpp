@@ -6,6 +6,7 @@
 
 #include "commands.hpp"
 #include "gradflow/app/placements.hpp"
+#include "gradflow/branch_op.hpp"
 #include "gradflow/errors.hpp"
 
 namespace gradflow::cli {
@@ -13,10 +14,15 @@ namespace gradflow::cli {
 namespace {
 // The block's ops (issue 19): FFN kind and width, rotary embeddings, key/value heads, biases, eps.
 void add_block_op_options(CLI::App* sub, ModelConfig& m, ModelOptions& options) {
-  sub->add_option("--ffn", options.ffn,
-                  "Feed-forward: gelu (GELU MLP), swiglu or geglu (gated, with a third matrix W_3)")
-      ->check(CLI::IsMember({"gelu", "swiglu", "geglu"}))
-      ->default_str("gelu");
+  // --ffn's words and help come from the branch-op table (branch_op.hpp).
+  std::vector<std::string> words, helps;
+  for (const FfnWord* ffn : ffn_words()) {
+    words.emplace_back(ffn->word);
+    helps.emplace_back(ffn->help);
+  }
+  sub->add_option("--ffn", options.ffn, fmt::format("Feed-forward: {}", fmt::join(helps, ", ")))
+      ->check(CLI::IsMember(words))
+      ->default_str(words.front());
   sub->add_option("--ffn-hidden", m.ffn_hidden_width, "FFN hidden width (units); 0 means 4 x --width")
       ->default_str("0");
   sub->add_option("--kv-heads", m.kv_heads,
@@ -30,6 +36,16 @@ void add_block_op_options(CLI::App* sub, ModelConfig& m, ModelOptions& options) 
       ->default_str("1");
   sub->add_flag("--bias", m.bias, "A bias on every projection (q, k, v, out, FFN), zero at init");
   sub->add_option("--norm-eps", m.norm_eps, "Epsilon of every RMSNorm / LayerNorm")->default_str("1e-06");
+}
+
+// One flag per branch-op option (BranchOpRow::options, e.g. --experts), as for the placements'.
+void add_op_options(CLI::App* sub, ModelOptions& options) {
+  for (const PlacementOption* option : op_options()) {
+    const std::string flag(option->flag), key(option->key), help(option->help);
+    CLI::Option* added = option->is_word() ? sub->add_option(flag, options.op_words[key], help)
+                                           : sub->add_option(flag, options.op_numbers[key], help);
+    added->default_str(option->shown_default())->group("FFN op options (declared by the branch-op table)");
+  }
 }
 }  // namespace
 
@@ -48,6 +64,7 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
          "or normal:STD (every matrix N(0, STD^2), a config's initializer_range; STD 0.02 if omitted)")
       ->default_str("xavier");
   add_block_op_options(sub, m, options);
+  add_op_options(sub, options);
   sub->add_option("--precision", options.precision,
                   "Arithmetic: f32 or f64 (gradient logs are always accumulated in double)")
       ->check(CLI::IsMember({"f32", "f64"}));
@@ -96,11 +113,17 @@ ModelConfig resolve_model(const ModelOptions& options, const std::function<void(
   for (const auto& [key, value] : options.words) {
     if (value) model.options[key] = *value;
   }
+  for (const auto& [key, value] : options.op_numbers) {
+    if (value) model.op_options[key] = *value;
+  }
+  for (const auto& [key, value] : options.op_words) {
+    if (value) model.op_options[key] = *value;
+  }
   if (options.ideal_branch) model.branch = BranchKind::rotation;
   model.block = parse_block_kind(options.block);
   model.norm = parse_norm_kind(options.norm);
   set_init(model, options.init);
-  model.ffn = parse_ffn_kind(options.ffn);
+  model.ffn = options.ffn;
   model.precision = parse_precision(options.precision);
   model.update = parse_update_rule(options.update);
   if (model.update != UpdateRule::none && model.learning_rates.empty())

@@ -389,13 +389,13 @@ std::vector<WeightSpec> ffn_weights(const ModelConfig& config) {
   };
   std::vector<WeightSpec> specs = {spec("W_1", WeightMatrix::up, d, hidden),
                                    spec("W_2", WeightMatrix::down, hidden, d)};
-  if (config.ffn != FfnKind::gelu) specs.push_back(spec("W_3", WeightMatrix::gate, d, hidden));
+  if (block_ops(config).ffn != FfnKind::gelu) specs.push_back(spec("W_3", WeightMatrix::gate, d, hidden));
   return specs;
 }
 
 BranchCost ffn_cost(const ModelConfig& config) {
   const double d = config.width, t = config.seq, hidden = config.ffn_hidden();
-  const double matrices = ffn_weight_count(config.ffn);
+  const double matrices = ffn_weight_count(block_ops(config).ffn);
   BranchCost cost;
   cost.forward_flops = 2 * t * d * hidden * matrices;
   cost.probe_scalars = 2 * matrices * t * hidden;  // the hidden activations' cotangents
@@ -405,7 +405,11 @@ BranchCost ffn_cost(const ModelConfig& config) {
 
 BranchOpRow ffn_op_row() {
   return {.name = "ffn",
-          .serves = [](SublayerKind kind, const BlockOps&) { return kind == SublayerKind::ffn; },
+          .serves = [](SublayerKind kind,
+                       const BlockOps& ops) { return kind == SublayerKind::ffn && ops.ffn_op == "ffn"; },
+          .ffn_words = {{"gelu", FfnKind::gelu, "gelu (GELU MLP)"},
+                        {"swiglu", FfnKind::swiglu, "swiglu (gated, SiLU; a third matrix W_3)"},
+                        {"geglu", FfnKind::geglu, "geglu (gated, GELU; a third matrix W_3)"}},
           .weights = ffn_weights,
           .cost = ffn_cost,
           .make_float = [] { return std::unique_ptr<BranchOp<float>>(new FfnOp<float>); },

@@ -5,6 +5,7 @@
 #include "gradflow/app/placements.hpp"
 #include "gradflow/app/report.hpp"
 #include "gradflow/architecture.hpp"
+#include "gradflow/branch_op.hpp"
 
 namespace gradflow {
 
@@ -40,7 +41,7 @@ const std::vector<ConfigField>& config_fields() {
       {"probes", "--probes", [](const ModelConfig& c) { return json(c.probes); }, true, true},
       {"input_corr", "--input-corr", [](const ModelConfig& c) { return json(c.input_corr); }, true, true},
       // Issue 19's block ops, after the fields older documents have: absent there means the default.
-      {"ffn", "--ffn", [](const ModelConfig& c) { return json(to_string(c.ffn)); }, true, true},
+      {"ffn", "--ffn", [](const ModelConfig& c) { return json(c.ffn); }, true, true},
       {"kv_heads", "--kv-heads", [](const ModelConfig& c) { return json(c.kv_head_count()); }, true, true},
       {"rope_theta", "--rope-theta", [](const ModelConfig& c) { return json(c.rope_theta); }, true, true},
       {"rope_fraction", "--rope-fraction", [](const ModelConfig& c) { return json(c.rope_fraction); }, true,
@@ -80,6 +81,18 @@ json option_value(const PlacementOption& option, const ModelConfig& config) {
   return json(std::string(option.default_text));
 }
 
+// The options of the FFN op in use (BranchOpRow::options, e.g. --experts), each as given or its
+// default, after the fields: absent in a document of another op.
+void add_op_options(json& out, const ModelConfig& config) {
+  const BranchOpRow* row = ffn_op_by_word(config.ffn);
+  if (!row) return;
+  const BlockOps ops = block_ops(config);
+  for (const PlacementOption& option : row->options) {
+    if (const auto value = ops.options.find(option.key); value != ops.options.end())
+      out[std::string(option.key)] = option_to_json(value->second);
+  }
+}
+
 // Constants of the norm that only some norms have (DyT's alpha), last in both documents.
 void add_norm_constants(json& out, const ModelConfig& config) {
   if (config.norm == NormKind::dyt) out["dyt_alpha"] = kDytAlpha;
@@ -91,6 +104,7 @@ json run_config_fields(const ModelConfig& config) {
   for (const ConfigField& field : config_fields()) {
     if (!field.present || field.present(config)) out[std::string(field.key)] = field.value(config);
   }
+  add_op_options(out, config);
   return out;
 }
 
@@ -112,6 +126,7 @@ json sweep_model_to_json(const ModelConfig& config) {
     if (field.key == "ffn_hidden" && config.ffn_hidden_width > 0)
       model[std::string(field.key)] = config.ffn_hidden_width;
   }
+  add_op_options(model, config);
   for (const PlacementOption* option : placement_options()) {
     if (option->in_sweep_model) model[std::string(option->key)] = option_value(*option, config);
   }
@@ -124,6 +139,7 @@ std::vector<std::string> compared_config_keys() {
   for (const ConfigField& field : config_fields()) {
     if (field.compared) keys.emplace_back(field.key);
   }
+  for (const PlacementOption* option : op_options()) keys.emplace_back(option->key);
   for (const PlacementOption* option : placement_options()) {
     if (option->in_run_config) keys.emplace_back(option->key);
   }
@@ -146,6 +162,9 @@ json recorded_config_value(const json& config, std::string_view key) {
 std::string config_flag(std::string_view key) {
   for (const ConfigField& field : config_fields()) {
     if (field.key == key) return std::string(field.flag.empty() ? key : field.flag);
+  }
+  for (const PlacementOption* option : op_options()) {
+    if (option->key == key) return std::string(option->flag);
   }
   for (const PlacementOption* option : placement_options()) {
     if (option->key == key) return std::string(option->flag);

@@ -127,7 +127,7 @@ TEST_CASE(
           config.width = 16;
           config.heads = 4;
           config.blocks = 2;
-          config.ffn = ffn;
+          config.ffn = to_string(ffn);
           config.ffn_hidden_width = 24;
           config.rope_theta = rope_theta;
           config.kv_heads = kv_heads;

@@ -24,7 +24,7 @@ using namespace gradflow::testing;
 namespace {
 ModelConfig op_config(FfnKind ffn, bool bias) {
   ModelConfig config = small_model(1, 16, 4, 5);
-  config.ffn = ffn;
+  config.ffn = to_string(ffn);
   config.kv_heads = 2;  // grouped-query attention: K and V narrower than Q
   config.bias = bias;
   return config;

@@ -89,7 +89,7 @@ TEST_CASE("a config written before issue 19 reads as the default block, and its 
   CHECK(recorded_config_value(config, "blocks") == 64);
   config.erase("heads");  // an older field absent: not a document gradflow wrote
   CHECK(recorded_config_value(config, "heads").is_null());
-  model.ffn = FfnKind::swiglu;
+  model.ffn = "swiglu";
   model.init = InitKind::normal;
   model.init_std = 0.006;
   const nlohmann::ordered_json swiglu = run_config_fields(model);

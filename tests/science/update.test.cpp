@@ -116,7 +116,7 @@ void check_linear_in_eta(bool norm_gains, FfnKind ffn = FfnKind::gelu) {
   const std::vector<double> rates = {1e-8, 1e-7, 1e-6, 1e-5};
   ModelConfig config = small_config(UpdateRule::sgd, rates);
   config.update_norm_gains = norm_gains;
-  config.ffn = ffn;
+  config.ffn = to_string(ffn);
   for (const Architecture* arch_pointer : architectures()) {
     const Architecture& arch = *arch_pointer;
     CAPTURE(arch.id);
@@ -220,7 +220,7 @@ TEST_CASE("the update's weight gradients and JVP hold with shared key/value head
   config.kv_heads = 2;
   config.rope_theta = 10000.0;
   for (const FfnKind ffn : {FfnKind::gelu, FfnKind::swiglu, FfnKind::geglu}) {  // W_3 stepped when gated
-    config.ffn = ffn;
+    config.ffn = to_string(ffn);
     for (const char* id :
          {"pre-ln", "olmo2", "hybridnorm"}) {  // no q/k norm, full QK-norm, per-head QKV norm
       CAPTURE(to_string(ffn));
