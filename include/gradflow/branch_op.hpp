@@ -125,7 +125,7 @@ struct BranchOpRow {
   }
 };
 
-// The rows (src/ops/branch_ops.cpp): attention, then the FFN.
+// The rows (src/ops/branch_ops.cpp): attention, the FFN, the mixture of experts.
 const std::vector<BranchOpRow>& branch_ops();
 // The row serving a sublayer of `kind` (its index in branch_ops()); throws std::logic_error if none.
 int branch_op_index(SublayerKind kind, const BlockOps& ops);
@@ -150,5 +150,6 @@ void validate_op_options(const ModelConfig& config);
 // The ops' rows, defined in their own files.
 BranchOpRow attention_op_row();
 BranchOpRow ffn_op_row();
+BranchOpRow moe_op_row();
 
 }  // namespace gradflow

@@ -12,7 +12,7 @@
 namespace gradflow {
 
 const std::vector<BranchOpRow>& branch_ops() {
-  static const std::vector<BranchOpRow> rows = {attention_op_row(), ffn_op_row()};
+  static const std::vector<BranchOpRow> rows = {attention_op_row(), ffn_op_row(), moe_op_row()};
   return rows;
 }
 

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <map>
+
 #include "gradflow/analysis.hpp"
 #include "gradflow/app/placements.hpp"
 #include "support/finite_difference.hpp"
@@ -143,4 +145,52 @@ TEST_CASE(
     }
   }
   MESSAGE("worst directional whole-stack relative error over placements x ffn x rope x kv-heads: ", worst);
+}
+
+// Issue 33: the mixture-of-experts FFN through every placement. The routing is piecewise smooth;
+// a seed's draws keep every token's K-th and (K+1)-th router probabilities far apart compared with
+// the step h, so central differences see one selection. Variants: renormalized gates; softmax gates
+// with a sigmoid-gated shared expert and biases; and one active expert of eight, so that experts
+// no token chooses take part with zero gradients.
+TEST_CASE("whole-stack gradients hold for every placement with the mixture-of-experts FFN (float64)") {
+  struct Variant {
+    std::map<std::string, OptionValue, std::less<>> options;
+    bool bias;
+  };
+  const std::vector<Variant> variants = {
+      {{{"experts", 4.0}, {"experts_active", 2.0}}, false},
+      {{{"experts", 3.0},
+        {"experts_active", 2.0},
+        {"shared_expert_hidden", 6.0},
+        {"router_gates", std::string("softmax")}},
+       true},
+      {{{"experts", 8.0}, {"experts_active", 1.0}}, false},
+  };
+  double worst = 0;
+  for (const Architecture* arch_pointer : architectures()) {
+    const Architecture& arch = *arch_pointer;
+    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
+      for (const NormKind norm : {NormKind::rms, NormKind::layer}) {
+        for (std::size_t v = 0; v < variants.size(); ++v) {
+          ModelConfig config = small_config();
+          config.blocks = 2;
+          config.block = block;
+          config.norm = norm;
+          config.ffn = "moe";
+          config.ffn_hidden_width = 10;
+          config.op_options = variants[v].options;
+          config.bias = variants[v].bias;
+          CAPTURE(arch.id);
+          CAPTURE(to_string(block));
+          CAPTURE(to_string(norm));
+          CAPTURE(v);
+          const double error = whole_stack_error(config, arch);
+          worst = std::max(worst, error);
+          CHECK(error <= testing::kFiniteDifferenceTolerance);
+        }
+      }
+    }
+  }
+  MESSAGE("worst whole-stack relative error with --ffn moe over placements x blocks x norms x variants: ",
+          worst);
 }

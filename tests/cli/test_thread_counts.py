@@ -173,5 +173,10 @@ for precision, update in VARIANTS:
     every_placement_alone(["--precision", precision, *update])
 for precision, update in VARIANTS:
     keel_at_depth_256(["--precision", precision, *update])
+# Issue 33: the mixture-of-experts FFN splits its work one expert per piece and sums over experts
+# in a fixed order; with a gated shared expert and biases, and a step of every tensor.
+MOE = ["--ffn", "moe", "--experts", "6", "--experts-active", "2", "--shared-expert-hidden", "32", "--bias"]
+for precision, update in VARIANTS:
+    all_placements_together(["--precision", precision, *update, *MOE])
 print(f"{time.monotonic() - start:.1f} s in all")
 finish()

@@ -3,7 +3,9 @@
 
   /usr/bin/python3 tests/reference/compare.py --gradflow build/gradflow --arch keel [--depth 3 --width 16
         --heads 2 --seq 5 --block attn-ffn --norm rms --init xavier --alpha A --keel-variant v2
-        --mix-ratio R --input-corr r --tol 1e-8 --keep DIR --wrong-variant keel-alpha-on-branch]
+        --mix-ratio R --input-corr r --tol 1e-8 --keep DIR --wrong-variant keel-alpha-on-branch
+        --ffn gelu|swiglu|geglu|moe --ffn-hidden N --experts E --experts-active K --shared-expert-hidden N
+        --router-gates renormalized|softmax --shared-expert-gate sigmoid|none ...]
   ... --all [--strict] [--baselines DIR]   every placement `BIN archs --format json` lists
 
 Runs `BIN analyze --arch ARCH ... --precision f64 --seed 0 --export-weights TMP.safetensors -o TMP.json`,
@@ -192,7 +194,9 @@ def run_gradflow(args, arch, tmp):
                       ("--mix-ratio", args.mix_ratio), ("--input-corr", args.input_corr), ("--ffn", args.ffn),
                       ("--ffn-hidden", args.ffn_hidden), ("--kv-heads", args.kv_heads),
                       ("--rope-theta", args.rope_theta), ("--rope-fraction", args.rope_fraction),
-                      ("--norm-eps", args.norm_eps)):
+                      ("--norm-eps", args.norm_eps), ("--experts", args.experts),
+                      ("--experts-active", args.experts_active), ("--shared-expert-hidden", args.shared_expert_hidden),
+                      ("--router-gates", args.router_gates), ("--shared-expert-gate", args.shared_expert_gate)):
         if val is not None:
             cmd += [flag, str(val)]
     if args.bias:
@@ -269,13 +273,20 @@ def compare_arch(args, arch, tmp, source=None):
     return ("MISMATCH" if mismatch else "OK"), rows, notes
 
 
+def moe_overrides(args):
+    """--ffn moe's settings as the reference's config keys (None: not given, the exported config's value)."""
+    return {"experts": args.experts, "experts_active": args.experts_active,
+            "shared_expert_hidden": args.shared_expert_hidden, "router_gates": args.router_gates,
+            "shared_expert_gate": args.shared_expert_gate}
+
+
 def spec_reference(args, exp, run, arch):
     """The hand-written formulas of gradflow_reference.py for `arch`: (figures, notes, constants mismatch,
     (stack, x0, probes) for --update's own optimizer step)."""
     overrides = {"block": args.block, "norm": args.norm, "heads": args.heads, "keel_variant": args.keel_variant,
                  "mix_ratio": args.mix_ratio, "alpha": args.alpha, "ffn": args.ffn, "kv_heads": args.kv_heads,
                  "rope_theta": args.rope_theta, "rope_fraction": args.rope_fraction, "norm_eps": args.norm_eps,
-                 "bias": True if args.bias else None, "arch": arch}
+                 "bias": True if args.bias else None, "arch": arch, **moe_overrides(args)}
     stack, x0, probes, cfg, consts, notes = R.build_from_export(
         exp, qk_norm=args.qk_norm, lns_index=args.lns_index, wrong_variant=args.wrong_variant,
         constants_source="spec", overrides=overrides)
@@ -304,7 +315,7 @@ def file_reference(args, placement, exp, run):
     config.placement_file the file's text and its FNV-1a 64 hash."""
     overrides = {"block": args.block, "norm": args.norm, "heads": args.heads, "ffn": args.ffn,
                  "kv_heads": args.kv_heads, "rope_theta": args.rope_theta, "rope_fraction": args.rope_fraction,
-                 "norm_eps": args.norm_eps, "bias": True if args.bias else None}
+                 "norm_eps": args.norm_eps, "bias": True if args.bias else None, **moe_overrides(args)}
     ref = PF.run_reference(placement, exp, overrides)
     notes, mismatch = list(ref["notes"]), False
     cfg = run.get("config") or {}
@@ -394,7 +405,7 @@ def print_table(arch, status, rows, notes, tol):
         print("   " + n)
 
 
-def main(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description="gradflow vs PyTorch reference")
     p.add_argument("--gradflow", required=True, help="path to the gradflow binary")
     g = p.add_mutually_exclusive_group(required=True)
@@ -409,8 +420,17 @@ def main(argv=None):
     p.add_argument("--norm", default="rms", choices=["rms", "layer", "dyt"])
     p.add_argument("--init", default="xavier", help="xavier, gpt2, small or normal:STD")
     # issue 19's block ops (the reference reads them from the export and checks them against these)
-    p.add_argument("--ffn", choices=["gelu", "swiglu", "geglu"])
+    p.add_argument("--ffn", choices=["gelu", "swiglu", "geglu", "moe"])
     p.add_argument("--ffn-hidden", type=int)
+    # --ffn moe's router (each forwarded to gradflow only when given; else gradflow's defaults)
+    p.add_argument("--experts", type=int, help="--ffn moe: number of experts E (gradflow's default 8)")
+    p.add_argument("--experts-active", type=int, help="--ffn moe: experts per token K (default 2)")
+    p.add_argument("--shared-expert-hidden", type=int,
+                   help="--ffn moe: hidden width of the always-on shared expert (default 0: none)")
+    p.add_argument("--router-gates", choices=["renormalized", "softmax"],
+                   help="--ffn moe: top-K gates renormalised to sum 1 (default), or the softmax probabilities")
+    p.add_argument("--shared-expert-gate", choices=["sigmoid", "none"],
+                   help="--ffn moe: the shared expert's output times sigmoid(x W_gate.shared) (default), or not")
     p.add_argument("--kv-heads", type=int)
     p.add_argument("--rope-theta", type=float)
     p.add_argument("--rope-fraction", type=float)
@@ -440,6 +460,11 @@ def main(argv=None):
     p.add_argument("--keep", help="keep the exports and gradflow JSON in this directory")
     p.add_argument("--baselines", metavar="DIR",
                    help="with --all: every listed placement must also have DIR/<id>.json (else NO_BASELINE)")
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     try:
         args = p.parse_args(argv)
     except SystemExit as e:

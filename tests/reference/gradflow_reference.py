@@ -4,6 +4,8 @@
 Written from /work/shared/spec/architectures.md, /work/shared/spec/metrics.md and
 /work/contract/CONTRACT.md only (never from the C++ sources).  Citations in comments:
   [A]  architectures.md      [M]  metrics.md      [C]  CONTRACT.md
+The mixture-of-experts FFN (--ffn moe) follows HF transformers' MixtralSparseMoeBlock, OlmoeSparseMoeBlock and
+Qwen2MoeSparseMoeBlock (see moe_ffn).
 
 Usage:
   /usr/bin/python3 gradflow_reference.py FILE.safetensors [-o OUT.json]
@@ -121,6 +123,9 @@ def ffn(x, W, hidden_scale=1.0, kind="gelu"):
     # pre-activation is scaled by s_uv = sqrt(d) at init" -> gelu(s_uv * (x @ W_1)) @ W_2
     # Issue 19: Shazeer 2020 (arXiv 2002.05202) Eq. 6: FFN_SwiGLU = (Swish_1(x W) * x V) W_2,
     # FFN_GEGLU = (GELU(x W) * x V) W_2 with W = W_1, V = W_3, torch's own SiLU and GELU; optional biases.
+    # --ffn moe (kind "moe", or weights with a router): moe_ffn below, the kind's own router settings.
+    if kind == "moe" or "W_router" in W:
+        return moe_ffn(x, W, kind if isinstance(kind, MoeKind) else MoeKind(), hidden_scale)
     up = hidden_scale * linear(x, W, "1", True)
     if kind == "gelu":
         hidden = gelu(up)
@@ -128,6 +133,102 @@ def ffn(x, W, hidden_scale=1.0, kind="gelu"):
         act = torch.nn.functional.silu if kind == "swiglu" else torch.nn.functional.gelu
         hidden = act(up) * (hidden_scale * linear(x, W, "3", True))
     return linear(hidden, W, "2", True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Mixture-of-experts FFN (--ffn moe): Mixtral / OLMoE / Qwen-MoE, as HF transformers' MixtralSparseMoeBlock,
+# OlmoeSparseMoeBlock and Qwen2MoeSparseMoeBlock compute it (modeling_mixtral.py, modeling_olmoe.py,
+# modeling_qwen2_moe.py): router_logits = gate(x); routing_weights = softmax(router_logits); top-k of
+# routing_weights; if norm_topk_prob (Mixtral always): routing_weights /= their sum over the top k; every
+# selected expert's MLP output times its weight, summed; Qwen2-MoE adds
+# sigmoid(shared_expert_gate(x)) * shared_expert(x).  Experts are SwiGLU (Shazeer 2020 Eq. 6, SiLU gates).
+# ----------------------------------------------------------------------------------------------
+MOE_DEFAULTS = {"experts": 8, "experts_active": 2, "shared_expert_hidden": 0, "router_gates": "renormalized",
+                "shared_expert_gate": "sigmoid"}  # gradflow's --experts, --experts-active, ... defaults
+
+
+class MoeKind(str):
+    """The FFN kind word "moe" (it compares equal to "moe") carrying the run's router settings, so every caller
+    that hands ops["ffn"] to ffn() -- Stack here, placement_file.py's FileStack -- builds the same MoE."""
+
+    def __new__(cls, experts=8, experts_active=2, shared_expert_hidden=0, router_gates="renormalized",
+                shared_expert_gate="sigmoid"):
+        if router_gates not in ("renormalized", "softmax"):
+            raise ValueError(f"router_gates must be renormalized or softmax, not {router_gates!r}")
+        if shared_expert_gate not in ("sigmoid", "none"):
+            raise ValueError(f"shared_expert_gate must be sigmoid or none, not {shared_expert_gate!r}")
+        if not 1 <= int(experts_active) <= int(experts):
+            raise ValueError(f"experts_active = {experts_active} must be in 1..experts = {experts}")
+        k = super().__new__(cls, "moe")
+        k.experts, k.experts_active = int(experts), int(experts_active)
+        k.shared_expert_hidden = int(shared_expert_hidden)
+        k.router_gates, k.shared_expert_gate = router_gates, shared_expert_gate
+        return k
+
+
+def moe_kind(cfg):
+    """MoeKind from the exported config's keys (absent or null keys: gradflow's defaults)."""
+    return MoeKind(**{k: (cfg[k] if cfg.get(k) is not None else v) for k, v in MOE_DEFAULTS.items()})
+
+
+def moe_weight_names(moe):
+    """The matrices of one MoE FFN sublayer (biases aside): the router, W_1/W_2/W_3 of each expert e as
+    "W_i.e<e>", and with a shared expert its W_i.shared and (sigmoid gate) W_gate.shared."""
+    names = {"W_router"} | {f"W_{i}.e{e}" for i in (1, 2, 3) for e in range(moe.experts)}
+    if moe.shared_expert_hidden > 0:
+        names |= {"W_1.shared", "W_2.shared", "W_3.shared"}
+        if moe.shared_expert_gate == "sigmoid":
+            names.add("W_gate.shared")
+    return names
+
+
+def moe_top_k(p, k):
+    """Indices (T, k) of each row's k largest probabilities, largest first; equal ones: the lower expert index
+    first (a stable sort of -p). torch.topk's order among ties is unspecified, hence the sort."""
+    return torch.sort(-p, dim=-1, stable=True).indices[..., :k]
+
+
+def moe_gates(x, W, moe):
+    """(p, G) per token: p = softmax(x @ W_router + b_router) over the E experts (HF's router
+    `gate = nn.Linear(hidden, num_experts, bias=False)` has none; gradflow's --bias gives every projection
+    one, zero at init, the router included), G (T, E) the gates, zero outside the token's top-K:
+    renormalized g_e = p_e / sum_{e' in top-K} p_e' (Mixtral; OLMoE / Qwen-MoE with norm_topk_prob true),
+    softmax g_e = p_e (norm_topk_prob false).  The selection is piecewise constant: gradients reach the router
+    through the selected p_e only (the softmax couples them to every logit), as autograd of HF's blocks."""
+    p = torch.softmax(linear(x, W, "router", True), dim=-1)
+    mask = torch.zeros_like(p).scatter_(-1, moe_top_k(p.detach(), moe.experts_active), 1.0)
+    G = p * mask
+    if moe.router_gates == "renormalized":
+        G = G / G.sum(dim=-1, keepdim=True)
+    return p, G
+
+
+def swiglu(x, W, suffix, hidden_scale=1.0):
+    # Shazeer 2020 Eq. 6: (Swish_1(x W) * x V) W_2 with W = W_1<suffix>, V = W_3<suffix>, W_2 = W_2<suffix>,
+    # each with its bias b_i<suffix> when exported (HF's MixtralBlockSparseTop2MLP w2(act(w1 x) * w3 x),
+    # Qwen2MoeMLP down(act(gate x) * up x))
+    up = hidden_scale * linear(x, W, "1" + suffix, True)
+    gate = hidden_scale * linear(x, W, "3" + suffix, True)
+    return linear(torch.nn.functional.silu(up) * gate, W, "2" + suffix, True)
+
+
+def moe_ffn(x, W, moe, hidden_scale=1.0):
+    """y = sum_{e in top-K} g_e FFN_e(x) [+ s(x) FFN_shared(x)], per token; s(x) = sigmoid(x @ W_gate.shared)
+    (Qwen2MoeSparseMoeBlock: `F.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output`), or 1
+    with --shared-expert-gate none.  E is W_router's column count; every expert is evaluated on every token
+    and weighted by its gate (exactly 0 off the top-K), so an expert no token picked gets a zero gradient.
+    hidden_scale (ngpt's s_uv) scales every SwiGLU's two hidden pre-activations, as ffn() does; not the router."""
+    _, G = moe_gates(x, W, moe)
+    y = None
+    for e in range(W["W_router"].shape[1]):
+        term = G[:, e:e + 1] * swiglu(x, W, f".e{e}", hidden_scale)
+        y = term if y is None else y + term
+    if "W_1.shared" in W:
+        shared = swiglu(x, W, ".shared", hidden_scale)
+        if moe.shared_expert_gate == "sigmoid":
+            shared = torch.sigmoid(linear(x, W, "gate.shared", True)) * shared  # W_gate.shared (d, 1)
+        y = y + shared
+    return y
 
 
 def rope_matrices(T, dh, rot, theta):
@@ -757,8 +858,16 @@ def analyze(stack, x0, probes):
     }
 
 
-# gradflow's matrix names (step_rel keys) for the exported tensor names
-MATRIX_KINDS = {"W_Q": "w_q", "W_K": "w_k", "W_V": "w_v", "W_O": "w_o", "W_1": "w_1", "W_2": "w_2", "W_3": "w_3"}
+# gradflow's matrix names (step_rel keys) for the exported tensor names; MoE: the router and the shared
+# expert's gate count as "up" matrices (w_1)
+MATRIX_KINDS = {"W_Q": "w_q", "W_K": "w_k", "W_V": "w_v", "W_O": "w_o", "W_1": "w_1", "W_2": "w_2", "W_3": "w_3",
+                "W_router": "w_1", "W_gate": "w_1"}
+
+
+def matrix_kind(name):
+    """step_rel key of an exported tensor: MATRIX_KINDS of the name before its first '.' (MoE's "W_1.e3" -> w_1,
+    "W_2.shared" -> w_2, "W_gate.shared" -> w_1), None for a bias ("b_1.e3")."""
+    return MATRIX_KINDS.get(name.split(".", 1)[0])
 
 
 class GainedNorm:
@@ -847,9 +956,10 @@ def model_update(stack, x0, probe, rule, lr, params_mode="matrices"):
     step_sq, weight_sq = {}, {}
     for l in range(stack.S):
         for n, st in steps[l].items():
-            if n not in MATRIX_KINDS:
+            k = matrix_kind(n)
+            if k is None:
                 continue  # a bias (--bias): stepped, but zero at init, so no relative step
-            k = MATRIX_KINDS[n]
+            # every matrix of a kind (all sublayers, all experts, used or not) in one ratio of sums
             step_sq[k] = step_sq.get(k, 0.0) + float((st * st).sum())
             weight_sq[k] = weight_sq.get(k, 0.0) + float((base[l][n] ** 2).sum())
     if gain_keys:  # gamma = 1: norm(gamma)^2 is the number of gain entries
@@ -972,10 +1082,24 @@ def build_from_export(path, qk_norm="rms", lns_index="block", wrong_variant=None
         return stack, x0, probes, cfg, consts, notes
     # issue 19's ops: what the caller asked for wins over the exported config, as for the settings above
     ops = block_ops({**cfg, **{k: setting(k, [k], None) for k in OPS_KEYS if k in ov}}, heads, d)
+    if ops["ffn"] != "moe" and any("W_router" in Wl for Wl in weights):
+        notes.append(f"the export has MoE weights (W_router) but ffn = {ops['ffn']!r}: read as ffn = moe")
+        ops["ffn"] = moe_kind(cfg)
+    moe = ops["ffn"] if ops["ffn"] == "moe" else None
     gated = ops["ffn"] != "gelu"
     for l, Wl in enumerate(weights):
-        want = ({"W_Q", "W_K", "W_V", "W_O"} if ("W_Q" in Wl) else {"W_1", "W_2"} | ({"W_3"} if gated else set()))
-        if cfg.get("bias"):
+        if "W_Q" in Wl:
+            want = {"W_Q", "W_K", "W_V", "W_O"}
+        elif moe is not None:
+            want = moe_weight_names(moe)
+            if "W_router" in Wl and Wl["W_router"].shape[1] != moe.experts:
+                notes.append(f"sublayer {l}: W_router has {Wl['W_router'].shape[1]} experts, config {moe.experts}")
+            if "W_1.shared" in Wl and Wl["W_1.shared"].shape[1] != moe.shared_expert_hidden:
+                notes.append(f"sublayer {l}: W_1.shared is {tuple(Wl['W_1.shared'].shape)} but "
+                             f"shared_expert_hidden = {moe.shared_expert_hidden}")
+        else:
+            want = {"W_1", "W_2"} | ({"W_3"} if gated else set())
+        if cfg.get("bias"):  # --bias: every projection, the MoE router and shared gate included
             want |= {"b_" + n[2:] for n in want}
         if set(Wl) != want:
             notes.append(f"sublayer {l}: unexpected tensors {sorted(Wl)}")
@@ -988,16 +1112,18 @@ def build_from_export(path, qk_norm="rms", lns_index="block", wrong_variant=None
     return stack, x0, probes, cfg, consts, notes
 
 
-OPS_KEYS = ["ffn", "kv_heads", "rope_theta", "rope_fraction", "norm_eps", "bias"]
+OPS_KEYS = ["ffn", "kv_heads", "rope_theta", "rope_fraction", "norm_eps", "bias"] + list(MOE_DEFAULTS)
 
 
 def block_ops(cfg, heads, d):
-    """Issue 19's ops from the exported config (absent keys: the GPT-2-like defaults)."""
+    """Issue 19's ops from the exported config (absent keys: the GPT-2-like defaults); ffn "moe" comes back as a
+    MoeKind with the config's experts, experts_active, shared_expert_hidden, router_gates, shared_expert_gate."""
     dh = d // heads
     theta = float(cfg.get("rope_theta", 0) or 0)
     rot = int(dh * float(cfg.get("rope_fraction", 1.0)))
     rot -= rot % 2
-    return {"ffn": cfg.get("ffn", "gelu"), "kv_heads": int(cfg.get("kv_heads", heads) or heads),
+    kind = cfg.get("ffn", "gelu")
+    return {"ffn": moe_kind(cfg) if kind == "moe" else kind, "kv_heads": int(cfg.get("kv_heads", heads) or heads),
             "rope": (theta, rot) if theta > 0 else None, "eps": float(cfg.get("norm_eps", EPS))}
 
 

@@ -582,6 +582,248 @@ def ideal_rotation_branch():
         assert abs(res["sublayers"]["stream_share"][l] - 1 / math.sqrt(2)) < 1e-6
 
 
+# ----------------------------------------------------------------------------------------------
+# --ffn moe (Mixtral / OLMoE / Qwen-MoE router)
+# ----------------------------------------------------------------------------------------------
+def moe_weights(rng, d, E, hidden, shared=0, gate="sigmoid", bias=False, router_scale=3.0):
+    """One MoE FFN sublayer's tensors under gradflow's export names (W_router, W_i.e<e>, W_i.shared,
+    W_gate.shared), with biases b_i.<suffix>, b_router and b_gate.shared when `bias`; the router is scaled up so that the top-K
+    probabilities stand apart."""
+    W = {"W_router": router_scale * xavier(rng, d, E)}
+    parts = [f".e{e}" for e in range(E)] + ([".shared"] if shared else [])
+    for suffix in parts:
+        h = shared if suffix == ".shared" else hidden
+        W["W_1" + suffix], W["W_3" + suffix], W["W_2" + suffix] = xavier(rng, d, h), xavier(rng, d, h), xavier(rng, h, d)
+        if bias:
+            for i, n in (("1", h), ("3", h), ("2", d)):
+                W[f"b_{i}{suffix}"] = 0.1 * rng.normal(size=(n,))
+    if shared and gate == "sigmoid":
+        W["W_gate.shared"] = xavier(rng, d, 1)
+    if bias:  # --bias: the router and the shared gate too
+        W["b_router"] = 0.1 * rng.normal(size=(E,))
+        if "W_gate.shared" in W:
+            W["b_gate.shared"] = 0.1 * rng.normal(size=(1,))
+    return W
+
+
+def make_moe_export(arch, B=2, d=8, T=5, heads=2, block="attn-ffn", E=4, K=2, hidden=12, shared=0,
+                    gate="sigmoid", gates="renormalized", bias=False, seed=0, name=None, cfg_moe=True):
+    rng = np.random.default_rng(seed)
+    t = make_tensors(B, d, T, block, 1, seed)
+    kinds = (["attn", "ffn"] * B) if block == "attn-ffn" else [block] * B
+    for l, k in enumerate(kinds):
+        p = f"sublayer.{l:04d}."
+        if k == "attn":
+            if bias:
+                for n in ("b_Q", "b_K", "b_V", "b_O"):
+                    t[p + n] = 0.1 * rng.normal(size=(d,))
+            continue
+        for n in [n for n in t if n.startswith(p)]:
+            del t[n]
+        for n, w in moe_weights(rng, d, E, hidden, shared, gate, bias).items():
+            t[p + n] = w
+    S = len(kinds)
+    cfg = {"arch": arch, "blocks": B, "sublayers": S, "width": d, "heads": heads, "seq": T, "block": block,
+           "norm": "rms", "norm_eps": 1e-6, "precision": "f64", "probes": 1, "constants": {}, "bias": bias}
+    if cfg_moe:
+        cfg.update({"ffn": "moe", "ffn_hidden": hidden, "experts": E, "experts_active": K,
+                    "shared_expert_hidden": shared, "router_gates": gates, "shared_expert_gate": gate})
+    path = os.path.join(TMP, name or f"moe_{arch}_{block}_E{E}K{K}s{shared}{gate}{gates}{int(bias)}.safetensors")
+    R.write_safetensors(path, t, {"arch": arch, "seed": seed, "config": json.dumps(cfg)})
+    return path
+
+
+def _torch_weights(W):
+    return {n: torch.from_numpy(np.asarray(w, dtype=np.float64)) for n, w in W.items()}
+
+
+@test
+def moe_equal_experts_all_active_is_one_dense_swiglu():
+    """E equal experts, K = E, renormalized gates: the gates sum to 1, so the MoE is the one SwiGLU FFN."""
+    rng = np.random.default_rng(11)
+    d, E, hidden = 8, 4, 12
+    x = torch.from_numpy(rng.normal(size=(5, d)))
+    for bias in (False, True):
+        one = _torch_weights(moe_weights(rng, d, 1, hidden, bias=bias))
+        W = {"W_router": torch.from_numpy(3.0 * xavier(rng, d, E))}
+        for e in range(E):
+            W.update({n.replace(".e0", f".e{e}"): t.clone() for n, t in one.items() if ".e0" in n})
+        dense = {n.replace(".e0", ""): t for n, t in one.items() if ".e0" in n}
+        want = R.ffn(x, dense, kind="swiglu")
+        got = R.ffn(x, W, kind=R.MoeKind(experts=E, experts_active=E))
+        assert torch.allclose(got, want, atol=1e-13, rtol=0), (bias, float((got - want).abs().max()))
+        # ngpt's hidden scale applies to the experts' hidden pre-activations as it does to the dense FFN
+        got = R.ffn(x, W, 4.0, R.MoeKind(experts=E, experts_active=E))
+        assert torch.allclose(got, R.ffn(x, dense, 4.0, "swiglu"), atol=1e-12, rtol=0)
+        # softmax gates with K = E: g_e = p_e sums to 1 too
+        got = R.ffn(x, W, kind=R.MoeKind(experts=E, experts_active=E, router_gates="softmax"))
+        assert torch.allclose(got, want, atol=1e-13, rtol=0)
+    # K < E with renormalized gates: still sum 1 per token, so equal experts still give the dense FFN
+    got = R.ffn(x, W, kind=R.MoeKind(experts=E, experts_active=2))
+    assert torch.allclose(got, want, atol=1e-13, rtol=0)
+
+
+@test
+def moe_router_gradient_matches_finite_differences():
+    """d/dW_router of L = sum(U * MoE(x)) by torch autograd vs central differences, at a point whose top-K
+    probabilities stand apart (no selection changes within +-h), f64, 1e-7 relative."""
+    d, E, K, hidden, h = 8, 6, 2, 10, 1e-5
+    cases = [dict(gates="renormalized"), dict(gates="softmax"), dict(gates="renormalized", shared=7, bias=True),
+             dict(gates="softmax", shared=7, gate="none", K=3)]
+    for i, c in enumerate(cases):
+        k = c.get("K", K)
+        moe = R.MoeKind(experts=E, experts_active=k, shared_expert_hidden=c.get("shared", 0),
+                        router_gates=c["gates"], shared_expert_gate=c.get("gate", "sigmoid"))
+        for seed in range(100 * i, 100 * i + 100):  # the first seeded point whose K-th and (K+1)-th p differ by 1e-3
+            rng = np.random.default_rng(seed)
+            W = _torch_weights(moe_weights(rng, d, E, hidden, c.get("shared", 0), c.get("gate", "sigmoid"),
+                                           c.get("bias", False)))
+            x = torch.from_numpy(rng.normal(size=(5, d)))
+            U = torch.from_numpy(rng.normal(size=(5, d)))
+            p, _ = R.moe_gates(x, W, moe)
+            ps = p.sort(dim=-1, descending=True).values
+            if float((ps[:, k - 1] - ps[:, k]).min()) > 1e-3:
+                break
+        else:
+            raise AssertionError("no test point away from ties")
+        assert set(W) - {n for n in W if n.startswith("b_")} == R.moe_weight_names(moe)
+        base_sel = R.moe_top_k(p, k)
+        Wr = W["W_router"].clone().requires_grad_(True)
+        loss = (U * R.moe_ffn(x, {**W, "W_router": Wr}, moe)).sum()
+        (an,) = torch.autograd.grad(loss, Wr)
+        fd = torch.zeros_like(an)
+        with torch.no_grad():
+            for a in range(d):
+                for b in range(E):
+                    vals = []
+                    for sign in (1.0, -1.0):
+                        Wp = W["W_router"].clone()
+                        Wp[a, b] += sign * h
+                        Wh = {**W, "W_router": Wp}
+                        assert torch.equal(R.moe_top_k(R.moe_gates(x, Wh, moe)[0], k), base_sel)
+                        vals.append(float((U * R.moe_ffn(x, Wh, moe)).sum()))
+                    fd[a, b] = (vals[0] - vals[1]) / (2 * h)
+        scale = float(an.abs().max())
+        assert scale > 1e-3, "router gradient vanishes: the test would prove nothing"
+        err = float((fd - an).abs().max()) / scale
+        assert err <= 1e-7, (c, err)
+
+
+@test
+def moe_top_k_picks_the_largest_probabilities():
+    p = torch.tensor([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25], [0.1, 0.3, 0.3, 0.3], [0.5, 0.1, 0.1, 0.3]])
+    assert R.moe_top_k(p, 2).tolist() == [[1, 3], [0, 1], [1, 2], [0, 3]]  # ties: lower index first
+    assert R.moe_top_k(p, 1).tolist() == [[1], [0], [1], [0]]
+    g = torch.Generator().manual_seed(5)
+    for k in (1, 2, 3, 5):
+        p = torch.softmax(3 * torch.randn(50, 7, generator=g), dim=-1)
+        idx = R.moe_top_k(p, k)
+        chosen = torch.zeros_like(p, dtype=torch.bool).scatter_(-1, idx, True)
+        assert (chosen.sum(-1) == k).all()
+        low = torch.where(chosen, p, torch.full_like(p, 2.0)).min(-1).values
+        high = torch.where(chosen, torch.full_like(p, -1.0), p).max(-1).values
+        assert (low > high).all(), k                                     # every chosen p beats every other
+        assert torch.equal(p.gather(-1, idx), p.sort(-1, descending=True).values[:, :k])  # largest first
+    # the gates: zero off the top-K; renormalized sums to 1, softmax keeps p
+    rng = np.random.default_rng(3)
+    W = _torch_weights(moe_weights(rng, 8, 7, 4))
+    x = torch.from_numpy(rng.normal(size=(6, 8)))
+    for gates in ("renormalized", "softmax"):
+        moe = R.MoeKind(experts=7, experts_active=3, router_gates=gates)
+        p, G = R.moe_gates(x, W, moe)
+        on = torch.zeros_like(p, dtype=torch.bool).scatter_(-1, R.moe_top_k(p, 3), True)
+        assert (G[~on] == 0).all() and (G[on] > 0).all()
+        if gates == "renormalized":
+            assert torch.allclose(G.sum(-1), torch.ones(6), atol=1e-15, rtol=0)
+            assert torch.allclose(G[on], (p / (p * on).sum(-1, keepdim=True))[on], atol=1e-15, rtol=0)
+        else:
+            assert torch.equal(G[on], p[on])
+
+
+@test
+def moe_export_builds_and_steps():
+    """A synthetic --ffn moe export: read without notes, VJP chain == whole-graph autograd and finite differences,
+    and --update's step_rel keys the MoE matrices by kind (W_router, W_gate.shared, W_1.* -> w_1; W_2.* -> w_2;
+    W_3.* -> w_3), one ratio of sums per kind, biases left out."""
+    assert [R.matrix_kind(n) for n in ("W_router", "W_gate.shared", "W_1.e3", "W_2.shared", "W_3.e0", "b_1.e0",
+                                       "b_2.shared", "W_Q", "W_1")] == ["w_1", "w_1", "w_1", "w_2", "w_3", None,
+                                                                         None, "w_q", "w_1"]
+    for block, shared, gate, gates, bias in (("ffn", 0, "sigmoid", "renormalized", False),
+                                             ("attn-ffn", 6, "sigmoid", "softmax", True),
+                                             ("ffn", 6, "none", "renormalized", True)):
+        path = make_moe_export("pre-ln", block=block, shared=shared, gate=gate, gates=gates, bias=bias)
+        stack, x0, probes, cfg, consts, notes = R.build_from_export(path)
+        assert notes == [], notes
+        assert stack.ops["ffn"] == "moe" and stack.ops["ffn"].router_gates == gates
+        res = R.analyze(stack, x0, probes)
+        ref = full_graph_grads(stack, x0, probes[0])
+        for l, (a, b) in enumerate(zip([10 ** v for v in res["states"]["log10_grad"]], ref)):
+            assert abs(a - b) <= 1e-10 * b, (block, l, a, b)
+        states, _, _ = stack.forward(x0)
+        for l in range(stack.S):
+            out = stack.sublayer(l, states[l])[0]
+            cot = tuple(torch.randn(t.shape, generator=torch.Generator().manual_seed(7 + l)) for t in out)
+            fd, an = _fd_check(stack, states[l], l, cot)
+            assert abs(fd - an) <= 1e-6 * max(1.0, abs(an)), (block, l, fd, an)
+        for rule in ("sgd", "adam"):
+            up = R.model_update(stack, x0, probes[0], rule, 1e-3)
+            want_keys = {"w_1", "w_2", "w_3"} | ({"w_q", "w_k", "w_v", "w_o"} if block == "attn-ffn" else set())
+            assert set(up["step_rel"]) == want_keys, up["step_rel"]
+            # w_1 by hand: the same optimizer step over every up matrix of every sublayer
+            params = [{n: t.clone().requires_grad_(True) for n, t in Wl.items()} for Wl in stack.W]
+            base = stack.W
+            stack.W = params
+            with torch.enable_grad():
+                st = stack.init_state(x0)
+                for l in range(stack.S):
+                    st = stack.sublayer(l, st)[0]
+                loss = (probes[0] * stack.output(st)).sum()
+                flat = [(l, n, t) for l, Wl in enumerate(params) for n, t in Wl.items()]
+                grads = torch.autograd.grad(loss, [t for _, _, t in flat])
+            stack.W = base
+            ups = [(R._optimizer_step(rule, 1e-3, g), base[l][n]) for (l, n, _), g in zip(flat, grads)
+                   if n == "W_router" or n == "W_gate.shared" or n.startswith("W_1.")]
+            want = math.sqrt(sum(float((a * a).sum()) for a, _ in ups) / sum(float((w * w).sum()) for _, w in ups))
+            assert abs(up["step_rel"]["w_1"] - want) <= 1e-12 * want, (up["step_rel"]["w_1"], want)
+    # a config without the ffn key: the router's presence decides, with a note
+    path = make_moe_export("pre-ln", block="ffn", cfg_moe=False, E=8, K=2, name="moe_nokey.safetensors")
+    stack, *_, notes = R.build_from_export(path)
+    assert stack.ops["ffn"] == "moe" and any("W_router" in n for n in notes), notes
+    # a config that disagrees with the tensors is reported
+    path = make_moe_export("pre-ln", block="ffn", E=4, name="moe_bad.safetensors")
+    stack, *_, notes = R.build_from_export(path, overrides={"experts": 5})
+    assert any("experts" in n for n in notes), notes
+
+
+@test
+def compare_forwards_the_moe_flags():
+    import compare as C
+    args = C.build_parser().parse_args(["--gradflow", "/bin/true", "--arch", "pre-ln", "--ffn", "moe", "--experts", "6",
+                                        "--experts-active", "3", "--shared-expert-hidden", "16", "--router-gates",
+                                        "softmax", "--shared-expert-gate", "none"])
+    cmd, p, _, _ = C.run_gradflow(args, "pre-ln", TMP)
+    got = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
+    assert {k: got.get(k) for k in ("--ffn", "--experts", "--experts-active", "--shared-expert-hidden",
+                                    "--router-gates", "--shared-expert-gate")} == {
+        "--ffn": "moe", "--experts": "6", "--experts-active": "3", "--shared-expert-hidden": "16",
+        "--router-gates": "softmax", "--shared-expert-gate": "none"}, cmd
+    assert C.moe_overrides(args) == {"experts": 6, "experts_active": 3, "shared_expert_hidden": 16,
+                                     "router_gates": "softmax", "shared_expert_gate": "none"}
+    args = C.build_parser().parse_args(["--gradflow", "/bin/true", "--arch", "pre-ln", "--ffn", "moe"])
+    cmd = C.run_gradflow(args, "pre-ln", TMP)[0]
+    assert not [a for a in cmd if a in ("--experts", "--experts-active", "--shared-expert-hidden", "--router-gates",
+                                        "--shared-expert-gate")], cmd  # only when given
+    assert C.build_parser().parse_args(["--gradflow", "x", "--all", "--router-gates", "renormalized"]).router_gates
+    import contextlib
+    import io
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            C.build_parser().parse_args(["--gradflow", "x", "--all", "--router-gates", "sigmoid"])
+        raise AssertionError("--router-gates sigmoid accepted")
+    except SystemExit:
+        pass
+
+
 def main():
     passed = failed = 0
     for t in TESTS:
