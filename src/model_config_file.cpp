@@ -58,6 +58,12 @@ constexpr std::array kFamilies{
     Family{"gemma2", "peri-ln", NormKind::rms, true, false, 10000.0, &kSharedKeys},
     Family{"gemma3", "peri-ln", NormKind::rms, true, false, 1000000.0, &kSharedKeys},
     Family{"gemma3_text", "peri-ln", NormKind::rms, true, false, 1000000.0, &kSharedKeys},
+    // Mixture-of-experts families: the FFN is the MoE op, chosen by num_local_experts / num_experts
+    // (the op's config_json keys, src/ops/moe.cpp). Mixtral is Mistral's block with sparse experts;
+    // OLMoE is pre-norm with q/k norms (not modelled: see the note); Qwen2-MoE is Qwen2's block.
+    Family{"mixtral", "pre-ln", NormKind::rms, true, false, 1000000.0, &kSharedKeys},
+    Family{"olmoe", "pre-ln", NormKind::rms, true, false, 10000.0, &kSharedKeys},
+    Family{"qwen2_moe", "pre-ln", NormKind::rms, true, true, 10000.0, &kSharedKeys},
 };
 // An unknown model_type with --arch: the shared key names and a gated FFN, as most current decoders.
 constexpr Family kAssumedFamily{"", "", NormKind::rms, true, false, 10000.0, &kSharedKeys};
@@ -415,6 +421,10 @@ ModelConfigFile read_model_config_file(std::string_view text, std::string_view o
   read_attention(keys, *family->keys, *family, shape, file);
   read_ffn(keys, *family->keys, *family, shape, file);
   read_ffn_op(keys, file);
+  if (file.model_type == "olmoe")
+    file.notes.push_back(
+        "OLMoE normalises q and k over the full width (q_norm, k_norm); gradflow's pre-ln has no q/k "
+        "norm, so its attention is OLMoE's without them");
   read_norm(keys, *family->keys, *family, file);
   read_positions(keys, *family, file);
   read_init(keys, file);

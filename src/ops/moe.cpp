@@ -552,14 +552,15 @@ BranchCost moe_cost(const ModelConfig& config) {
 
 void moe_check(const ModelConfig& config) {
   const MoeSettings moe(block_ops(config));
-  const auto whole = [](double value) { return value == std::floor(value); };
   const BlockOps ops = block_ops(config);
-  if (!whole(ops.number("experts")) || !whole(ops.number("experts_active")) ||
-      !whole(ops.number("shared_expert_hidden")))
-    throw InputError(
-        fmt::format("--experts {}, --experts-active {} and --shared-expert-hidden {} must be whole "
-                    "numbers; try --experts 8 --experts-active 2",
-                    ops.number("experts"), ops.number("experts_active"), ops.number("shared_expert_hidden")));
+  for (const auto& [key, flag] :
+       {std::pair{"experts", "--experts"}, std::pair{"experts_active", "--experts-active"},
+        std::pair{"shared_expert_hidden", "--shared-expert-hidden"}}) {
+    const double value = ops.number(key);
+    if (value != std::floor(value))
+      throw InputError(
+          fmt::format("{} {} must be a whole number; try {} {}", flag, value, flag, std::floor(value)));
+  }
   if (moe.active > moe.experts)
     throw InputError(
         fmt::format("--experts-active {} exceeds --experts {}: each token picks that many of the "
@@ -587,13 +588,15 @@ PlacementOption number_option(std::string_view key, std::string_view flag, std::
 }
 
 PlacementOption word_option(std::string_view key, std::string_view flag, std::string_view help,
-                            std::string_view value, std::vector<std::string_view> choices) {
+                            std::string_view value, std::vector<std::string_view> choices,
+                            std::string_view fix) {
   PlacementOption option;
   option.key = key;
   option.flag = flag;
   option.help = help;
   option.default_value = std::string(value);
   option.choices = std::move(choices);
+  option.fix = fix;
   option.when_unused = UnusedOption::refuse;
   option.in_run_config = option.in_sweep_model = true;
   return option;
@@ -622,12 +625,12 @@ BranchOpRow moe_op_row() {
                        "Gates of the chosen experts with --ffn moe: renormalized (softmax probabilities "
                        "divided by their sum over the top-k: Mixtral) or softmax (as they are: OLMoE, "
                        "Qwen-MoE with norm_topk_prob false)",
-                       "renormalized", {"renormalized", "softmax"}),
+                       "renormalized", {"renormalized", "softmax"}, "try --router-gates renormalized"),
            word_option(
                "shared_expert_gate", "--shared-expert-gate",
                "The shared expert's weight with --ffn moe: sigmoid (sigmoid(x W_gate), Qwen-MoE) or none "
                "(1)",
-               "sigmoid", {"sigmoid", "none"})},
+               "sigmoid", {"sigmoid", "none"}, "try --shared-expert-gate sigmoid")},
       .check = moe_check,
       // Mixtral's num_local_experts, OLMoE's and Qwen-MoE's num_experts choose the op.
       .config_json = {{"experts", {"num_local_experts", "num_experts"}, "", ""},

@@ -154,3 +154,60 @@ TEST_CASE(
   CHECK(model.ffn == "swiglu");
   CHECK(model.kv_head_count() == 8);
 }
+
+// Issue 33: the mixture-of-experts families. The MoE op's row (src/ops/moe.cpp) names the keys that
+// choose it and set its options; the family gives the placement, norm and biases as for dense ones.
+TEST_CASE("config.json mixtral-8x7b: the MoE FFN with 8 experts, top-2, renormalized gates, GQA") {
+  const Resolved r = resolve("mixtral-8x7b");
+  CHECK(r.file.placement == "pre-ln");
+  CHECK(r.model.width == 4096);
+  CHECK(r.model.blocks == 32);
+  CHECK(r.model.kv_head_count() == 8);
+  CHECK(r.model.ffn == "moe");
+  CHECK(r.model.ffn_hidden() == 14336);
+  CHECK(std::get<double>(r.model.op_options.at("experts")) == 8);
+  CHECK(std::get<double>(r.model.op_options.at("experts_active")) == 2);
+  CHECK(
+      !r.model.op_options.count("router_gates"));  // Mixtral has no norm_topk_prob: the default, renormalized
+  CHECK(r.model.rope_theta == 1000000.0);
+  CHECK(!r.model.bias);
+  CHECK(r.sources["ffn"] == "config.json:num_local_experts");
+  CHECK(r.sources["experts"] == "config.json:num_local_experts");
+}
+
+TEST_CASE(
+    "config.json olmoe-1b-7b: 64 experts, top-8, softmax gates (norm_topk_prob false), a q/k-norm note") {
+  const Resolved r = resolve("olmoe-1b-7b");
+  CHECK(r.model.ffn == "moe");
+  CHECK(r.model.ffn_hidden() == 1024);
+  CHECK(std::get<double>(r.model.op_options.at("experts")) == 64);
+  CHECK(std::get<double>(r.model.op_options.at("experts_active")) == 8);
+  CHECK(std::get<std::string>(r.model.op_options.at("router_gates")) == "softmax");
+  CHECK(r.sources["router_gates"] == "config.json:norm_topk_prob");
+  CHECK(has_note(r.file, "OLMoE normalises q and k"));
+}
+
+TEST_CASE("config.json qwen1.5-moe-a2.7b: experts of moe_intermediate_size, a gated shared expert, biases") {
+  const Resolved r = resolve("qwen1.5-moe-a2.7b");
+  CHECK(r.model.ffn == "moe");
+  CHECK(r.model.ffn_hidden() == 1408);  // moe_intermediate_size, not intermediate_size 5632
+  CHECK(r.sources["ffn_hidden"] == "config.json:moe_intermediate_size");
+  CHECK(std::get<double>(r.model.op_options.at("experts")) == 60);
+  CHECK(std::get<double>(r.model.op_options.at("experts_active")) == 4);
+  CHECK(std::get<double>(r.model.op_options.at("shared_expert_hidden")) == 5632);
+  CHECK(r.model.bias);
+}
+
+TEST_CASE("config.json MoE: --ffn given wins whole, and a bad expert count names the key") {
+  const ModelConfigFile file = read_model_config_file(shipped("mixtral-8x7b"), "m.json", false);
+  ModelConfig model;
+  model.ffn = "swiglu";  // as --ffn swiglu on the command line
+  apply_model_config_file(file, model, [](std::string_view flag) { return flag == "--ffn"; });
+  CHECK(model.ffn == "swiglu");
+  CHECK(model.op_options.empty());  // the experts apply to the MoE only
+  std::string text = shipped("mixtral-8x7b");
+  text.replace(text.find("\"num_local_experts\": 8"), 22, "\"num_local_experts\": 0");
+  CHECK_THROWS_WITH_AS(
+      read_model_config_file(text, "m.json", false),
+      doctest::Contains("m.json: num_local_experts must lie in [1, 4096] (it sets --experts)"), InputError);
+}

@@ -64,17 +64,55 @@ TEST_CASE("the sweep model holds the fields every cell shares and the options re
 }
 
 TEST_CASE("check compares the configuration fields that change what a run measures") {
-  CHECK(compared_config_keys() ==
-        std::vector<std::string>{"blocks",         "sublayers",     "block",       "width",
-                                 "heads",          "ffn_hidden",    "seq",         "norm",
-                                 "norm_eps",       "init",          "precision",   "branch",
-                                 "probes",         "input_corr",    "ffn",         "kv_heads",
-                                 "rope_theta",     "rope_fraction", "bias",        "update_step",
-                                 "learning_rates", "update_params", "keel_variant"});
+  CHECK(compared_config_keys() == std::vector<std::string>{"blocks",
+                                                           "sublayers",
+                                                           "block",
+                                                           "width",
+                                                           "heads",
+                                                           "ffn_hidden",
+                                                           "seq",
+                                                           "norm",
+                                                           "norm_eps",
+                                                           "init",
+                                                           "precision",
+                                                           "branch",
+                                                           "probes",
+                                                           "input_corr",
+                                                           "ffn",
+                                                           "kv_heads",
+                                                           "rope_theta",
+                                                           "rope_fraction",
+                                                           "bias",
+                                                           "update_step",
+                                                           "learning_rates",
+                                                           "update_params",
+                                                           "experts",
+                                                           "experts_active",
+                                                           "shared_expert_hidden",
+                                                           "router_gates",
+                                                           "shared_expert_gate",
+                                                           "keel_variant"});
+  CHECK(config_flag("experts_active") == "--experts-active");
   CHECK(config_flag("blocks") == "--depth");
   CHECK(config_flag("keel_variant") == "--keel-variant");
   CHECK(config_flag("norm_eps") == "--norm-eps");
   CHECK(config_flag("head_dim") == "--width/--heads");
+}
+
+TEST_CASE("an FFN op's options are in the run's config and the sweep model while the op is in use") {
+  ModelConfig model;
+  const nlohmann::ordered_json dense = run_config_fields(model);
+  CHECK(!dense.contains("experts"));
+  model.ffn = "moe";
+  model.op_options["experts_active"] = 4.0;
+  const nlohmann::ordered_json moe = run_config_fields(model);
+  CHECK(moe.at("ffn") == "moe");
+  CHECK(moe.at("experts") == 8.0);  // the row's default
+  CHECK(moe.at("experts_active") == 4.0);
+  CHECK(moe.at("router_gates") == "renormalized");
+  CHECK(sweep_model_to_json(model).at("experts_active") == 4.0);
+  // A document of another FFN lacks them: absent on both sides compares equal.
+  CHECK(recorded_config_value(dense, "experts").is_null());
 }
 
 TEST_CASE("a config written before issue 19 reads as the default block, and its own values win") {
