@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cmath>
@@ -263,16 +264,25 @@ void read_ffn_op(KeyReader& keys, ModelConfigFile& file) {
     };
     const auto [marker, marked] = present(row.config_json.front());
     if (!marked) continue;
+    const FfnWord& ffn = row.ffn_words.front();
+    const auto dense = std::find_if(file.settings.begin(), file.settings.end(),
+                                    [](const ConfigFileSetting& setting) { return setting.key == "ffn"; });
+    if (dense != file.settings.end() && dense->value != std::string(to_string(ffn.activation)))
+      file.notes.push_back(fmt::format("{} gives {}; the experts of --ffn {} are {} whatever it says",
+                                       dense->source, dense->value.dump(), ffn.word,
+                                       to_string(ffn.activation)));
     const std::string word(row.ffn_words.front().word);
     replace(file, "ffn", "--ffn", from_file(marker), word, [word](ModelConfig& m) { m.ffn = word; });
     const BranchOpRow* chosen = &row;
+    const auto in_use = [chosen](const ModelConfig& m) { return ffn_op_by_word(m.ffn) == chosen; };
     for (const ConfigJsonKey& entry : row.config_json) {
       const auto [name, value] = present(entry);
       if (!value) continue;
-      if (entry.option == "ffn_hidden") {
+      if (entry.option == "ffn_hidden") {  // after the dense width, which --ffn naming another FFN keeps
         const int hidden = keys.integer(name, *value, kMaxWidth);
-        replace(file, "ffn_hidden", "--ffn-hidden", from_file(name), hidden,
-                [hidden](ModelConfig& m) { m.ffn_hidden_width = hidden; });
+        add(file, "ffn_hidden", "--ffn-hidden", from_file(name), hidden,
+            [hidden](ModelConfig& m) { m.ffn_hidden_width = hidden; });
+        file.settings.back().applies = in_use;
         continue;
       }
       const auto [owner, option] = op_option(entry.option);
@@ -290,10 +300,10 @@ void read_ffn_op(KeyReader& keys, ModelConfigFile& file) {
         read = number;
       }
       const std::string key(entry.option);
-      replace(file, key, std::string(option->flag), from_file(name),
-              std::visit([](const auto& v) { return json(v); }, read), [key, read, chosen](ModelConfig& m) {
-                if (ffn_op_by_word(m.ffn) == chosen) m.op_options[key] = read;
-              });
+      add(file, key, std::string(option->flag), from_file(name),
+          std::visit([](const auto& v) { return json(v); }, read),
+          [key, read](ModelConfig& m) { m.op_options[key] = read; });
+      file.settings.back().applies = in_use;
     }
     return;
   }
@@ -440,6 +450,7 @@ json apply_model_config_file(const ModelConfigFile& file, ModelConfig& model,
       sources[setting.key] = setting.flag;
       continue;
     }
+    if (setting.applies && !setting.applies(model)) continue;
     setting.apply(model);
     sources[setting.key] = setting.source;
   }

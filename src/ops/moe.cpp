@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "gradflow/branch_op.hpp"
@@ -45,6 +46,12 @@ struct MoeSettings {
   bool shared() const { return shared_hidden > 0; }
   // Experts as units of work: the routed ones, then the shared one.
   int units() const { return experts + (shared() ? 1 : 0); }
+  // The unit of work piece `piece`: the shared expert first, as it has every token's rows and is
+  // usually the largest piece, so that the pool does not wait for it at the end.
+  int unit_of_piece(int piece) const {
+    if (!shared()) return piece;
+    return piece == 0 ? experts : piece - 1;
+  }
   // Indices in the weight list (moe_weights): the router, three matrices per unit, the shared gate.
   static constexpr int kRouter = 0;
   static int up(int unit) { return 1 + 3 * unit; }
@@ -273,8 +280,13 @@ void MoeOp<Scalar>::route(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w
   std::vector<int> order(static_cast<std::size_t>(moe.experts));
   for (Eigen::Index t = 0; t < tokens; ++t) {
     std::iota(order.begin(), order.end(), 0);
+    // A NaN probability (a diverged stack) sorts last, so that the order stays a strict weak one.
+    const auto key = [&](int e) {
+      const Scalar p = probs_(t, e);
+      return std::isnan(p) ? -std::numeric_limits<Scalar>::infinity() : p;
+    };
     std::partial_sort(order.begin(), order.begin() + moe.active, order.end(), [&](int a, int b) {
-      const Scalar pa = probs_(t, a), pb = probs_(t, b);
+      const Scalar pa = key(a), pb = key(b);
       return pa > pb || (pa == pb && a < b);
     });
     Scalar total = 0;
@@ -309,7 +321,8 @@ void MoeOp<Scalar>::forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>&
                             bool with_output) {
   const MoeSettings moe(settings.ops, settings.hidden_scale);
   route(x, w, moe);
-  for_each_piece(pool, moe.units(), [&](int unit) {
+  for_each_piece(pool, moe.units(), [&](int piece) {
+    const int unit = moe.unit_of_piece(piece);
     expert_forward(w, unit, moe.hidden_scale, units_[static_cast<std::size_t>(unit)]);
   });
   out_.setZero(x.rows(), x.cols());  // summed in a fixed order: unit by unit, rows in token order
@@ -358,7 +371,8 @@ void MoeOp<Scalar>::backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>
                              std::vector<double>* output_dots) {
   const MoeSettings moe(settings.ops, settings.hidden_scale);
   const Eigen::Index tokens = x.rows(), probes = d_out.rows() / tokens;
-  for_each_piece(pool, moe.units(), [&](int index) {
+  for_each_piece(pool, moe.units(), [&](int piece) {
+    const int index = moe.unit_of_piece(piece);
     ExpertCache<Scalar>& unit = units_[static_cast<std::size_t>(index)];
     const auto m = static_cast<Eigen::Index>(unit.tokens.size());
     gather_rows(d_out, unit.tokens, tokens, unit.d_out);
@@ -482,7 +496,8 @@ void MoeOp<Scalar>::weight_gradients(const Mat<Scalar>& x, const BranchSettings&
                                      const Mat<Scalar>& d_out, SublayerWeights<Scalar>& gradients, bool bias,
                                      WorkPool* pool) const {
   const MoeSettings moe(settings.ops, settings.hidden_scale);
-  if (d_out.rows() != x.rows()) throw std::logic_error("weight_gradients takes one probe's cotangent");
+  if (d_out.rows() != x.rows() || d_logits_.rows() != x.rows())
+    throw std::logic_error("weight_gradients follows a backward of one probe's cotangent");
   const int count = moe.shared_gate ? moe.shared_gate_weight() + 1 : 1 + 3 * moe.units();
   gradients.resize(static_cast<std::size_t>(count));
   const auto product = [&](const Mat<Scalar>& input, const Mat<Scalar>& d, int index) {
@@ -507,10 +522,11 @@ void MoeOp<Scalar>::weight_gradients(const Mat<Scalar>& x, const BranchSettings&
       if (moe.shared_gate) product(x, d_shared_logit_, moe.shared_gate_weight());
       return;
     }
-    const ExpertCache<Scalar>& unit = units_[static_cast<std::size_t>(piece)];
-    product(unit.x, unit.d_up, MoeSettings::up(piece));
-    product(unit.hidden, unit.d_out, MoeSettings::down(piece));
-    product(unit.x, unit.d_gate, MoeSettings::gate(piece));
+    const int index = moe.unit_of_piece(piece);
+    const ExpertCache<Scalar>& unit = units_[static_cast<std::size_t>(index)];
+    product(unit.x, unit.d_up, MoeSettings::up(index));
+    product(unit.hidden, unit.d_out, MoeSettings::down(index));
+    product(unit.x, unit.d_gate, MoeSettings::gate(index));
   });
 }
 

@@ -1,5 +1,6 @@
 // The model configuration as the documents record it: the one field list that analyze's per-run
 // "config", a sweep's "model", the manifest check and `check`'s comparison all loop over.
+#include <cmath>
 #include <set>
 
 #include "gradflow/app/placements.hpp"
@@ -88,8 +89,13 @@ void add_op_options(json& out, const ModelConfig& config) {
   if (!row) return;
   const BlockOps ops = block_ops(config);
   for (const PlacementOption& option : row->options) {
-    if (const auto value = ops.options.find(option.key); value != ops.options.end())
-      out[std::string(option.key)] = option_to_json(value->second);
+    const auto value = ops.options.find(option.key);
+    if (value == ops.options.end()) continue;
+    const auto* number = std::get_if<double>(&value->second);
+    // A count (experts, a width) as an integer, so that pandas reads an integer column.
+    const bool whole = number && std::abs(*number) < 1e15 && *number == std::floor(*number);
+    out[std::string(option.key)] =
+        whole ? json(static_cast<long long>(*number)) : option_to_json(value->second);
   }
 }
 

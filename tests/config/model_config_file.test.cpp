@@ -205,6 +205,17 @@ TEST_CASE("config.json MoE: --ffn given wins whole, and a bad expert count names
   apply_model_config_file(file, model, [](std::string_view flag) { return flag == "--ffn"; });
   CHECK(model.ffn == "swiglu");
   CHECK(model.op_options.empty());  // the experts apply to the MoE only
+  // Qwen-MoE's experts are moe_intermediate_size wide; a dense FFN instead keeps intermediate_size,
+  // and the run records no source for the experts' keys it did not use.
+  const ModelConfigFile qwen = read_model_config_file(shipped("qwen1.5-moe-a2.7b"), "q.json", false);
+  ModelConfig dense;
+  dense.ffn = "swiglu";
+  const nlohmann::ordered_json sources =
+      apply_model_config_file(qwen, dense, [](std::string_view flag) { return flag == "--ffn"; });
+  CHECK(dense.ffn_hidden() == 5632);
+  CHECK(sources["ffn_hidden"] == "config.json:intermediate_size");
+  CHECK(!sources.contains("experts"));
+  CHECK(dense.op_options.empty());
   std::string text = shipped("mixtral-8x7b");
   text.replace(text.find("\"num_local_experts\": 8"), 22, "\"num_local_experts\": 0");
   CHECK_THROWS_WITH_AS(

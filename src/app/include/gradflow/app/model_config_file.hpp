@@ -20,6 +20,9 @@ struct ConfigFileSetting {
   std::string source;
   nlohmann::ordered_json value;
   std::function<void(ModelConfig&)> apply;
+  // Whether it applies to the configuration the settings before it made (empty: always); one that
+  // does not is skipped and records no source (a branch op's keys while --ffn names another op).
+  std::function<bool(const ModelConfig&)> applies = {};
 };
 
 // What a config.json describes, in gradflow's terms.
