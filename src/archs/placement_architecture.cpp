@@ -36,6 +36,16 @@ double init_gain(const PlacementDefinition& def, const SublayerContext& ctx, Wei
   return value;
 }
 
+// The file's learning_rate_scale at sublayer ctx.sublayer: finite and > 0.
+double learning_rate_scale(const PlacementDefinition& def, const SublayerContext& ctx) {
+  placement::ConstantEvaluator values(def, placement::position_of(ctx.config, ctx.sublayer));
+  const double value = values.value(*def.learning_rate_scale);
+  if (!(value > 0.0))
+    throw ExprError(def.learning_rate_scale->origin, def.learning_rate_scale->offset,
+                    fmt::format("a learning_rate_scale must be > 0, not {}", value));
+  return value;
+}
+
 // Builds every sublayer's graph and evaluates every gain and option at this depth: a file's error
 // that depends on S surfaces here, before any work.
 void check_every_sublayer(const PlacementDefinition& def, const ModelConfig& config) {
@@ -48,6 +58,7 @@ void check_every_sublayer(const PlacementDefinition& def, const ModelConfig& con
     const Constants none;
     const SublayerContext ctx{config, none, l, at.block, at.kind};
     for (int m = 0; m < 6; ++m) init_gain(def, ctx, static_cast<WeightMatrix>(m));
+    if (def.learning_rate_scale) learning_rate_scale(def, ctx);
     placement::ConstantEvaluator values(def, at);
     const placement::SublayerEntry& entry = placement::select_entry(def, values, at);
     for (const auto* option : {&entry.score_scale, &entry.ffn_hidden_scale}) {
@@ -157,6 +168,11 @@ Architecture placement_architecture(const PlacementDefinition& def) {
   if (has_gains) {
     arch.init_gain = [d](const SublayerContext& ctx, WeightMatrix matrix) {
       return reporting_position([&] { return init_gain(*d, ctx, matrix); });
+    };
+  }
+  if (def.learning_rate_scale) {
+    arch.learning_rate_scale = [d](const SublayerContext& ctx) {
+      return reporting_position([&] { return learning_rate_scale(*d, ctx); });
     };
   }
   return arch;

@@ -339,6 +339,7 @@ void check_definition(PlacementDefinition& def) {
   }
   for (auto& gain : def.init_gains)
     if (gain) checker.constant(*gain);
+  if (def.learning_rate_scale) checker.constant(*def.learning_rate_scale);
   for (Requirement& requirement : def.requirements) checker.condition(requirement.condition);
   for (SublayerEntry& entry : def.sublayers) {
     if (entry.when) checker.condition(*entry.when);

@@ -23,10 +23,11 @@ using placement::Origin;
 using placement::PlacementDefinition;
 using placement::SublayerEntry;
 
-constexpr std::array kTopKeys = {"id",          "citation",          "expected_growth", "streams",
-                                 "output",      "update_rule",       "final_norm",      "aliases",
-                                 "provisional", "unit_norm_weights", "options",         "constants",
-                                 "init_gain",   "sublayer",          "requires"};
+constexpr std::array kTopKeys = {
+    "id",          "citation",          "expected_growth", "streams",
+    "output",      "update_rule",       "final_norm",      "aliases",
+    "provisional", "unit_norm_weights", "options",         "constants",
+    "init_gain",   "sublayer",          "requires",        "learning_rate_scale"};
 constexpr std::array kOptionKeys = {"help", "default",     "default_text", "choices",       "range",
                                     "fix",  "when_unused", "sets",         "in_run_config", "in_sweep_model"};
 constexpr std::array kConstantKeys = {"value", "option", "formula", "unit"};
@@ -425,6 +426,8 @@ void FileReader::read_constants(const toml::table& top) {
         def_.init_gains[m] = expression(*gain, "a gain");
     }
   }
+  if (const toml::node* node = top.get("learning_rate_scale"))
+    def_.learning_rate_scale = expression(*node, "a learning-rate multiplier");
 }
 
 void FileReader::read_entry(const toml::table& table) {

@@ -60,6 +60,7 @@ struct PlacementDefinition {
   std::vector<OptionDeclaration> options;
   bool built_in = false;  // compiled into the binary (data/placements/builtins): source "built-in"
   std::array<std::optional<Expr>, 6> init_gains;  // by WeightMatrix
+  std::optional<Expr> learning_rate_scale;        // --update's multiplier on --lr per sublayer
   std::vector<SublayerEntry> sublayers;
   std::vector<Requirement> requirements;
   Expr output;

@@ -186,6 +186,13 @@ double gain_step(UpdateRule rule, double lr, const std::vector<Mat<Scalar>>& sca
 }
 
 namespace {
+// The placement's multiplier on --lr for sublayer l's parameters (1 when it declares none).
+template <typename Scalar>
+double learning_rate_scale(const StackRun<Scalar>& run, int l) {
+  if (!run.arch().learning_rate_scale) return 1.0;
+  return run.arch().learning_rate_scale(run.context(l));
+}
+
 // Sublayer l's stepped forward at learning rate i: theta_l + Delta theta_l (and gamma + Delta
 // gamma with --update-params all) on the stepped state; update_loss and the step sizes.
 template <typename Scalar>
@@ -202,8 +209,10 @@ void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, const std::vect
   SeedResult& result = analysis.result;
   const double log_scale = analysis.probes.probe0_log_scale[l + 1];
   const SublayerWeights<Scalar>& weights = *branch.weights;
-  double loss = optimizer_step(config.update, config.learning_rates[i], work.gradient, log_scale, work.step,
-                               branch.pool);
+  // A placement may scale the learning rate with depth (CompleteP, depth-muP): every parameter of
+  // the sublayer takes --lr times its learning_rate_scale; the output head keeps --lr.
+  const double lr = config.learning_rates[i] * learning_rate_scale(run, l);
+  double loss = optimizer_step(config.update, lr, work.gradient, log_scale, work.step, branch.pool);
   // step_rel is over the matrices, by kind: the biases start at zero, so their relative step has no scale.
   work.stepped.resize(specs.size());
   std::vector<double> step_squares(specs.size());
@@ -215,7 +224,7 @@ void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, const std::vect
   for (std::size_t m = 0; m < specs.size(); ++m)
     pass.step_squares[static_cast<int>(specs[m].role)] += step_squares[m];
   if (config.update_norm_gains) {
-    loss += gain_step(config.update, config.learning_rates[i], work.gain_gradient, log_scale, work.gain_step);
+    loss += gain_step(config.update, lr, work.gain_gradient, log_scale, work.gain_step);
     for (const auto& delta : work.gain_step) pass.gain_step_squares += squared_norm(delta);
     stepped_gains(work.gain_step, work.gain_stepped);
     branch.norm_gains = &work.gain_stepped;

@@ -202,3 +202,44 @@ TEST_CASE("a number option's range states what a value must do") {
   CHECK(unit.contains(1.0));
   CHECK(!unit.contains(1.0000001));
 }
+
+TEST_CASE(
+    "a file's learning_rate_scale multiplies --lr for its sublayers' parameters (CompleteP, depth-muP)") {
+  ModelConfig config = testing::small_model(2, 16, 2, 4);
+  config.update = UpdateRule::sgd;
+  const Architecture& pre_ln = find_architecture("pre-ln");
+  const auto run = [&](const Architecture& arch, double lr) {
+    config.learning_rates = {lr};
+    return analyze_seed(config, arch, resolve_constants(arch, config), 5);
+  };
+  SUBCASE("a constant scale of 2 is --lr doubled, bit for bit, for every sublayer's matrices") {
+    const Architecture doubled = load_placement_file(
+        write_placement("lr-doubled.toml",
+                        kHead + "learning_rate_scale = \"2\"\n[[sublayer]]\nrule = \"x <- x + F(N(x))\"\n"));
+    const SeedResult scaled = run(doubled, 1e-3), plain = run(pre_ln, 2e-3);
+    for (const Figure f : {Figure::update_rms, Figure::log10_update_rel})
+      CHECK(scaled.states.at({f, 1}) == plain.states.at({f, 1}));
+    CHECK(scaled.sublayers.at({Figure::update_loss, 1}) == plain.sublayers.at({Figure::update_loss, 1}));
+    CHECK(scaled.updates[0].learning_rate == 1e-3);  // the run records --lr, the file its scale
+  }
+  SUBCASE(
+      "a scale per sublayer: SGD's first-order loss change of sublayer 1 triples, the others keep theirs") {
+    const Architecture third = load_placement_file(write_placement(
+        "lr-third.toml",
+        kHead + "learning_rate_scale = \"if(l == 1, 3, 1)\"\n[[sublayer]]\nrule = \"x <- x + F(N(x))\"\n"));
+    config.update_norm_gains = true;  // the sublayer's norm gains take the scale too
+    const auto scaled = run(third, 1e-3).sublayers.at({Figure::update_loss, 1});
+    const auto plain = run(pre_ln, 1e-3).sublayers.at({Figure::update_loss, 1});
+    for (std::size_t l = 0; l < plain.size(); ++l) {
+      CAPTURE(l);
+      CHECK(scaled[l] == doctest::Approx(plain[l] * (l == 1 ? 3.0 : 1.0)).epsilon(1e-12));
+    }
+  }
+  SUBCASE("a scale that is not positive at some sublayer is refused before the run, naming the file") {
+    const Architecture zero = load_placement_file(write_placement(
+        "lr-zero.toml",
+        kHead + "learning_rate_scale = \"1 - b\"\n[[sublayer]]\nrule = \"x <- x + F(N(x))\"\n"));
+    CHECK_THROWS_WITH_AS(resolve_constants(zero, config),
+                         doctest::Contains("learning_rate_scale must be > 0, not 0"), InputError);
+  }
+}

@@ -936,8 +936,12 @@ def model_update(stack, x0, probe, rule, lr, params_mode="matrices"):
         grads = iter(g.detach() for g in all_grads[:len(flat)])
         grads = [{n: next(grads) for n in Wl} for Wl in params]
         gain_grads = {k: g.detach() for k, g in zip(gain_keys, all_grads[len(flat):])}
-        steps = [{n: _optimizer_step(rule, lr, g) for n, g in Gl.items()} for Gl in grads]
-        gain_steps = {k: _optimizer_step(rule, lr, g) for k, g in gain_grads.items()}
+        # a placement's depth-scaled learning rate (its file's learning_rate_scale) for sublayer l's
+        # parameters; the output head ("head") keeps lr
+        scale = getattr(stack, "learning_rate_scale", lambda l: 1.0)
+        steps = [{n: _optimizer_step(rule, lr * scale(l), g) for n, g in Gl.items()} for l, Gl in enumerate(grads)]
+        gain_steps = {k: _optimizer_step(rule, lr * (1.0 if k[0] == "head" else scale(k[0])), g)
+                      for k, g in gain_grads.items()}
         with torch.no_grad():
             y = y.detach()
             stepped_norm = (GainedNorm(base_norm, {k: 1.0 + st for k, st in gain_steps.items()})

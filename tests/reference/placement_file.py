@@ -23,7 +23,8 @@ import gradflow_reference as R
 
 # [P] "Top-level keys" and the reserved names of "Names"
 TOP_KEYS = {"id", "citation", "expected_growth", "streams", "output", "update_rule", "final_norm", "aliases",
-            "provisional", "unit_norm_weights", "constants", "options", "init_gain", "sublayer", "requires"}
+            "provisional", "unit_norm_weights", "constants", "options", "init_gain", "sublayer", "requires",
+            "learning_rate_scale"}
 # [P] "[options.KEY]" and the inline-table form of a constant ("[constants]")
 OPTION_KEYS = {"help", "default", "default_text", "choices", "range", "fix", "when_unused", "sets", "in_run_config",
                "in_sweep_model"}
@@ -586,6 +587,10 @@ class PlacementFile:
         self.constant_ast = {n: c.ast for n, c in self.const.items() if c.ast is not None}
         self.init_gain = {k: parse_expr(v) if isinstance(v, str) else Node("num", value=float(v))
                           for k, v in doc.get("init_gain", {}).items()}
+        # [P] `learning_rate_scale`: --update's multiplier on --lr for every parameter of sublayer l
+        raw_lr = doc.get("learning_rate_scale")
+        self.learning_rate_scale = (None if raw_lr is None else parse_expr(raw_lr) if isinstance(raw_lr, str)
+                                    else Node("num", value=float(raw_lr)))
         self._check_names()
         self.output = parse_expr(doc["output"])
         self.entries = [Entry(e, self) for e in doc["sublayer"]]
@@ -657,6 +662,8 @@ class PlacementFile:
                 walk(x)
 
         trees = list(self.constant_ast.values()) + list(self.init_gain.values())
+        if self.learning_rate_scale is not None:
+            trees.append(self.learning_rate_scale)
         for e in self.entries:
             trees += [t for t in (e.when, e.score_scale, e.ffn_hidden_scale, e.skip_gain) if t is not None]
         trees += [cond for cond, _ in self.requires]
@@ -780,6 +787,15 @@ class FileStack:
         """[P] `[constants]`: {name: {value, formula, unit}} as config.constants reports them."""
         last = self.where[-1]
         return {name: last.record(name) for name in self.p.constants}
+
+    def learning_rate_scale(self, l):
+        """[P] `learning_rate_scale`: the multiplier on --lr for sublayer l's parameters (1 without the key)."""
+        if self.p.learning_rate_scale is None:
+            return 1.0
+        value = self.where[l].value(self.p.learning_rate_scale)
+        if not value > 0:
+            raise FileError(f"{self.p.source}: learning_rate_scale must be > 0, not {value}")
+        return value
 
     def skip_gain_theory(self):
         return [w.value(e.skip_gain) if e.skip_gain is not None else None for w, e in zip(self.where, self.entries)]
