@@ -68,9 +68,9 @@ struct Architecture {
   std::function<std::optional<double>(const SublayerContext&)> skip_gain_theory;
   // Multiplier on the base init's standard deviation (DeepNorm's beta), 1 when empty.
   std::function<double(const SublayerContext&, WeightMatrix)> init_gain;
-  // Multiplier on --update's learning rate for every parameter of a sublayer (CompleteP's and
-  // depth-muP's depth-scaled learning rates), 1 when empty; the output head keeps --lr.
-  std::function<double(const SublayerContext&)> learning_rate_scale;
+  // Multiplier on --update's learning rate, per update rule, for every parameter of a sublayer
+  // (CompleteP's and depth-muP's depth-scaled learning rates), 1 when empty; the head keeps --lr.
+  std::function<double(const SublayerContext&, UpdateRule)> learning_rate_scale;
   // Where the definition comes from: "built-in", or a placement file's path; for a file also its
   // text and hash ("fnv1a64:" and 16 hex digits), recorded in each run's config.
   std::string_view source = "built-in";

@@ -36,13 +36,15 @@ double init_gain(const PlacementDefinition& def, const SublayerContext& ctx, Wei
   return value;
 }
 
-// The file's learning_rate_scale at sublayer ctx.sublayer: finite and > 0.
-double learning_rate_scale(const PlacementDefinition& def, const SublayerContext& ctx) {
+// The file's [learning_rate_scale] for `rule` at sublayer ctx.sublayer: finite and > 0; 1 when the
+// file states none for the rule.
+double learning_rate_scale(const PlacementDefinition& def, const SublayerContext& ctx, UpdateRule rule) {
+  const auto& scale = def.learning_rate_scales.at(rule == UpdateRule::sgd ? 0 : 1);
+  if (!scale) return 1.0;
   placement::ConstantEvaluator values(def, placement::position_of(ctx.config, ctx.sublayer));
-  const double value = values.value(*def.learning_rate_scale);
+  const double value = values.value(*scale);
   if (!(value > 0.0))
-    throw ExprError(def.learning_rate_scale->origin, def.learning_rate_scale->offset,
-                    fmt::format("a learning_rate_scale must be > 0, not {}", value));
+    throw ExprError(scale->origin, scale->offset, fmt::format("a learning_rate_scale must be > 0, not {}", value));
   return value;
 }
 
@@ -58,7 +60,7 @@ void check_every_sublayer(const PlacementDefinition& def, const ModelConfig& con
     const Constants none;
     const SublayerContext ctx{config, none, l, at.block, at.kind};
     for (int m = 0; m < 6; ++m) init_gain(def, ctx, static_cast<WeightMatrix>(m));
-    if (def.learning_rate_scale) learning_rate_scale(def, ctx);
+    for (const UpdateRule rule : {UpdateRule::sgd, UpdateRule::adam}) learning_rate_scale(def, ctx, rule);
     placement::ConstantEvaluator values(def, at);
     const placement::SublayerEntry& entry = placement::select_entry(def, values, at);
     for (const auto* option : {&entry.score_scale, &entry.ffn_hidden_scale}) {
@@ -170,9 +172,11 @@ Architecture placement_architecture(const PlacementDefinition& def) {
       return reporting_position([&] { return init_gain(*d, ctx, matrix); });
     };
   }
-  if (def.learning_rate_scale) {
-    arch.learning_rate_scale = [d](const SublayerContext& ctx) {
-      return reporting_position([&] { return learning_rate_scale(*d, ctx); });
+  const bool has_learning_rate_scale = std::any_of(def.learning_rate_scales.begin(), def.learning_rate_scales.end(),
+                                                    [](const auto& s) { return s.has_value(); });
+  if (has_learning_rate_scale) {
+    arch.learning_rate_scale = [d](const SublayerContext& ctx, UpdateRule rule) {
+      return reporting_position([&] { return learning_rate_scale(*d, ctx, rule); });
     };
   }
   return arch;

@@ -339,7 +339,8 @@ void check_definition(PlacementDefinition& def) {
   }
   for (auto& gain : def.init_gains)
     if (gain) checker.constant(*gain);
-  if (def.learning_rate_scale) checker.constant(*def.learning_rate_scale);
+  for (auto& scale : def.learning_rate_scales)
+    if (scale) checker.constant(*scale);
   for (Requirement& requirement : def.requirements) checker.condition(requirement.condition);
   for (SublayerEntry& entry : def.sublayers) {
     if (entry.when) checker.condition(*entry.when);

@@ -60,7 +60,8 @@ struct PlacementDefinition {
   std::vector<OptionDeclaration> options;
   bool built_in = false;  // compiled into the binary (data/placements/builtins): source "built-in"
   std::array<std::optional<Expr>, 6> init_gains;  // by WeightMatrix
-  std::optional<Expr> learning_rate_scale;        // --update's multiplier on --lr per sublayer
+  // [learning_rate_scale]: --update's multiplier on --lr per sublayer, for sgd and adam (kUpdateRules)
+  std::array<std::optional<Expr>, 2> learning_rate_scales;
   std::vector<SublayerEntry> sublayers;
   std::vector<Requirement> requirements;
   Expr output;

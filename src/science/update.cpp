@@ -190,7 +190,7 @@ namespace {
 template <typename Scalar>
 double learning_rate_scale(const StackRun<Scalar>& run, int l) {
   if (!run.arch().learning_rate_scale) return 1.0;
-  return run.arch().learning_rate_scale(run.context(l));
+  return run.arch().learning_rate_scale(run.context(l), run.config().update);
 }
 
 // Sublayer l's stepped forward at learning rate i: theta_l + Delta theta_l (and gamma + Delta

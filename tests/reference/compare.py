@@ -246,7 +246,7 @@ def compare_arch(args, arch, tmp, source=None):
     rows, notes, mismatch = [], [], False
     try:
         if placement is not None:
-            ref, fnotes, fbad = file_reference(args, placement, exp, run)
+            ref, fnotes, fbad, file_built = file_reference(args, placement, exp, run)
             frows, knotes, kbad = figure_rows(seed, ref, "F:")
             rows += frows + [("F:sublayer", "skip_gain_theory") + compare_series(
                 "skip_gain_theory", seed.get("sublayers", {}).get("skip_gain_theory"),
@@ -261,9 +261,10 @@ def compare_arch(args, arch, tmp, source=None):
             mismatch |= sbad or kbad
             if args.update:
                 rows += compare_update(args, *built, seed)
-        elif args.update:
-            notes.append(f"info: --update figures of {arch_id} are not compared: the optimizer step is in "
-                         "gradflow_reference.py's formulas, which this file placement has none of")
+        elif args.update and placement is not None:
+            # a file placement with no formulas of its own here: the same optimizer step on the file's stack
+            # (placement_file.py), which applies the file's [learning_rate_scale]
+            rows += [("U:" + row[0],) + tuple(row[1:]) for row in compare_update(args, *file_built, seed)]
     except (OSError, ValueError, KeyError) as e:
         return "ERROR", [], [f"reference failed: {e}"]
     notes = [n if n.startswith(("info", "CONSTANT", "CONFIG")) else "note: " + n for n in notes] + notes_pre
@@ -316,7 +317,8 @@ def file_reference(args, placement, exp, run):
     overrides = {"block": args.block, "norm": args.norm, "heads": args.heads, "ffn": args.ffn,
                  "kv_heads": args.kv_heads, "rope_theta": args.rope_theta, "rope_fraction": args.rope_fraction,
                  "norm_eps": args.norm_eps, "bias": True if args.bias else None, **moe_overrides(args)}
-    ref = PF.run_reference(placement, exp, overrides)
+    built = []
+    ref = PF.run_reference(placement, exp, overrides, built)
     notes, mismatch = list(ref["notes"]), False
     cfg = run.get("config") or {}
     jc = dict(cfg.get("constants") or {})
@@ -338,7 +340,7 @@ def file_reference(args, placement, exp, run):
     if digest != want:
         notes.append(f"CONFIG: config.placement_file.hash = {digest!r} but {placement.source} hashes to {want}")
         mismatch = True
-    return ref, notes, mismatch
+    return ref, notes, mismatch, built
 
 
 def figure_rows(seed, ref, label):

@@ -549,6 +549,12 @@ class Stack:
         return N(x) if self.arch in FINAL_NORM else x  # [A] "final norm" column
 
     # --- one sublayer -----------------------------------------------------------------------
+    def learning_rate_scale(self, l, rule):
+        """--update's multiplier on the learning rate of sublayer l's parameters: depth-muP's Adam rate
+        eta / sqrt(L) with L = S, the depth its branch scale a / sqrt(S) reads (Yang et al. 2023, arXiv
+        2310.02244: SGD keeps eta); 1 for every other built-in."""
+        return 1.0 / math.sqrt(self.S) if self.arch == "depth-mup" and rule == "adam" else 1.0
+
     def sublayer(self, l, state, detach=False):
         a, N, c = self.arch, self.N, self.c
         k = self.kinds[l]
@@ -938,7 +944,8 @@ def model_update(stack, x0, probe, rule, lr, params_mode="matrices"):
         gain_grads = {k: g.detach() for k, g in zip(gain_keys, all_grads[len(flat):])}
         # a placement's depth-scaled learning rate (its file's learning_rate_scale) for sublayer l's
         # parameters; the output head ("head") keeps lr
-        scale = getattr(stack, "learning_rate_scale", lambda l: 1.0)
+        scale = (lambda l: stack.learning_rate_scale(l, rule)) if hasattr(stack, "learning_rate_scale") else (
+            lambda l: 1.0)
         steps = [{n: _optimizer_step(rule, lr * scale(l), g) for n, g in Gl.items()} for l, Gl in enumerate(grads)]
         gain_steps = {k: _optimizer_step(rule, lr * (1.0 if k[0] == "head" else scale(k[0])), g)
                       for k, g in gain_grads.items()}

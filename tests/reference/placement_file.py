@@ -587,10 +587,12 @@ class PlacementFile:
         self.constant_ast = {n: c.ast for n, c in self.const.items() if c.ast is not None}
         self.init_gain = {k: parse_expr(v) if isinstance(v, str) else Node("num", value=float(v))
                           for k, v in doc.get("init_gain", {}).items()}
-        # [P] `learning_rate_scale`: --update's multiplier on --lr for every parameter of sublayer l
-        raw_lr = doc.get("learning_rate_scale")
-        self.learning_rate_scale = (None if raw_lr is None else parse_expr(raw_lr) if isinstance(raw_lr, str)
-                                    else Node("num", value=float(raw_lr)))
+        # [P] `[learning_rate_scale]`: --update's multiplier on --lr for every parameter of sublayer l, per rule
+        raw_lr = doc.get("learning_rate_scale", {})
+        if not isinstance(raw_lr, dict) or set(raw_lr) - {"sgd", "adam"}:
+            raise FileError(f"{source}: [learning_rate_scale] is a table with the keys sgd and adam")
+        self.learning_rate_scale = {k: parse_expr(v) if isinstance(v, str) else Node("num", value=float(v))
+                                    for k, v in raw_lr.items()}
         self._check_names()
         self.output = parse_expr(doc["output"])
         self.entries = [Entry(e, self) for e in doc["sublayer"]]
@@ -662,8 +664,7 @@ class PlacementFile:
                 walk(x)
 
         trees = list(self.constant_ast.values()) + list(self.init_gain.values())
-        if self.learning_rate_scale is not None:
-            trees.append(self.learning_rate_scale)
+        trees += list(self.learning_rate_scale.values())
         for e in self.entries:
             trees += [t for t in (e.when, e.score_scale, e.ffn_hidden_scale, e.skip_gain) if t is not None]
         trees += [cond for cond, _ in self.requires]
@@ -788,11 +789,12 @@ class FileStack:
         last = self.where[-1]
         return {name: last.record(name) for name in self.p.constants}
 
-    def learning_rate_scale(self, l):
-        """[P] `learning_rate_scale`: the multiplier on --lr for sublayer l's parameters (1 without the key)."""
-        if self.p.learning_rate_scale is None:
+    def learning_rate_scale(self, l, rule):
+        """[P] `[learning_rate_scale]`: the multiplier on --lr for sublayer l's parameters under `rule` (sgd or
+        adam; 1 when the table does not name the rule)."""
+        if rule not in self.p.learning_rate_scale:
             return 1.0
-        value = self.where[l].value(self.p.learning_rate_scale)
+        value = self.where[l].value(self.p.learning_rate_scale[rule])
         if not value > 0:
             raise FileError(f"{self.p.source}: learning_rate_scale must be > 0, not {value}")
         return value
@@ -1002,8 +1004,12 @@ def options_of_run(placement, cfg, ov):
     return placement.option_values(given), notes
 
 
-def run_reference(placement, path, overrides=None):
+def run_reference(placement, path, overrides=None, built=None):
+    """The figures of `placement` on the weights exported to `path`; `built`, a list, receives the stack, x_0
+    and the probes (for --update's own optimizer step, gradflow_reference.model_update)."""
     stack, x0, probes, cfg, notes = build_from_export(placement, path, overrides)
+    if built is not None:
+        built.extend([stack, x0, probes])
     res = R.analyze(stack, x0, probes)
     res["sublayers"]["skip_gain_theory"] = stack.skip_gain_theory()
     res.update({"arch": placement.id, "constants": stack.constants_at_last_sublayer(),
