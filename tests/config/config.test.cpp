@@ -78,7 +78,10 @@ TEST_CASE("validate checks placement options by their declared rules") {
 TEST_CASE("placement options: one flag per key, declared by the placements that use them") {
   std::vector<std::string_view> keys;
   for (const PlacementOption* option : placement_options()) keys.push_back(option->key);
-  CHECK(keys == std::vector<std::string_view>{"alpha", "keel_variant", "mix_ratio", "rezero_alpha"});
+  // The built-ins' options, then the shipped files' (data/placements, in file-name order).
+  CHECK(keys == std::vector<std::string_view>{"alpha", "keel_variant", "mix_ratio", "rezero_alpha",
+                                              "attnres_blocks", "completep_alpha", "completep_base_depth",
+                                              "num_fracs"});
   CHECK(placements_declaring("alpha") == std::vector<std::string_view>{"deepnorm", "keel", "deepnorm-glm"});
   CHECK(placements_declaring("mix_ratio") == std::vector<std::string_view>{"mix-ln"});
   // A given option reaches the placement's constants; an absent one leaves its own default.

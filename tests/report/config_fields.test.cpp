@@ -51,10 +51,28 @@ TEST_CASE("a run's config lists the fields in document order, keel_variant for k
 TEST_CASE("the sweep model holds the fields every cell shares and the options recorded there") {
   ModelConfig model;
   const nlohmann::ordered_json json = sweep_model_to_json(model);
-  CHECK(keys(json) == std::vector<std::string>{"block", "heads", "seq", "norm", "norm_eps", "init",
-                                               "precision", "branch", "probes", "input_corr", "ffn",
-                                               "kv_heads", "rope_theta", "rope_fraction", "bias", "alpha",
-                                               "keel_variant", "mix_ratio", "rezero_alpha"});
+  CHECK(keys(json) == std::vector<std::string>{"block",
+                                               "heads",
+                                               "seq",
+                                               "norm",
+                                               "norm_eps",
+                                               "init",
+                                               "precision",
+                                               "branch",
+                                               "probes",
+                                               "input_corr",
+                                               "ffn",
+                                               "kv_heads",
+                                               "rope_theta",
+                                               "rope_fraction",
+                                               "bias",
+                                               "alpha",
+                                               "keel_variant",
+                                               "mix_ratio",
+                                               "rezero_alpha",
+                                               "attnres_blocks",
+                                               "completep_alpha",
+                                               "completep_base_depth"});
   CHECK(json.at("alpha") == "paper's constant");  // unset: the placement's own constant
   CHECK(json.at("keel_variant") == "v2");
   CHECK(json.at("mix_ratio") == 0.25);
@@ -91,7 +109,9 @@ TEST_CASE("check compares the configuration fields that change what a run measur
                                                            "shared_expert_hidden",
                                                            "router_gates",
                                                            "shared_expert_gate",
-                                                           "keel_variant"});
+                                                           "keel_variant",
+                                                           "completep_alpha",
+                                                           "completep_base_depth"});
   CHECK(config_flag("experts_active") == "--experts-active");
   CHECK(config_flag("blocks") == "--depth");
   CHECK(config_flag("keel_variant") == "--keel-variant");
