@@ -44,7 +44,12 @@ double learning_rate_scale(const PlacementDefinition& def, const SublayerContext
   placement::ConstantEvaluator values(def, placement::position_of(ctx.config, ctx.sublayer));
   const double value = values.value(*scale);
   if (!(value > 0.0))
-    throw ExprError(scale->origin, scale->offset, fmt::format("a learning_rate_scale must be > 0, not {}", value));
+    throw ExprError(
+        scale->origin, scale->offset,
+        fmt::format("[learning_rate_scale] {} must be > 0, not {}, at sublayer l = {} (block b = {}) of "
+                    "S = {}; write an expression that is positive at every sublayer",
+                    rule == UpdateRule::sgd ? "sgd" : "adam", value, ctx.sublayer, ctx.block,
+                    ctx.config.sublayers()));
   return value;
 }
 
@@ -172,8 +177,9 @@ Architecture placement_architecture(const PlacementDefinition& def) {
       return reporting_position([&] { return init_gain(*d, ctx, matrix); });
     };
   }
-  const bool has_learning_rate_scale = std::any_of(def.learning_rate_scales.begin(), def.learning_rate_scales.end(),
-                                                    [](const auto& s) { return s.has_value(); });
+  const bool has_learning_rate_scale =
+      std::any_of(def.learning_rate_scales.begin(), def.learning_rate_scales.end(),
+                  [](const auto& s) { return s.has_value(); });
   if (has_learning_rate_scale) {
     arch.learning_rate_scale = [d](const SublayerContext& ctx, UpdateRule rule) {
       return reporting_position([&] { return learning_rate_scale(*d, ctx, rule); });

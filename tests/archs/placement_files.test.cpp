@@ -213,29 +213,31 @@ TEST_CASE(
     return analyze_seed(config, arch, resolve_constants(arch, config), 5);
   };
   SUBCASE("a constant scale of 2 is --lr doubled, bit for bit, for every sublayer's matrices") {
-    const Architecture doubled = load_placement_file(
-        write_placement("lr-doubled.toml",
-                        kHead + "[learning_rate_scale]\nsgd = \"2\"\nadam = \"4\"\n[[sublayer]]\nrule = \"x <- x + F(N(x))\"\n"));
+    const Architecture doubled = load_placement_file(write_placement(
+        "lr-doubled.toml",
+        kHead +
+            "[learning_rate_scale]\nsgd = \"2\"\nadam = \"4\"\n[[sublayer]]\nrule = \"x <- x + F(N(x))\"\n"));
     const SeedResult scaled = run(doubled, 1e-3), plain = run(pre_ln, 2e-3);
     for (const Figure f : {Figure::update_rms, Figure::log10_update_rel})
       CHECK(scaled.states.at({f, 1}) == plain.states.at({f, 1}));
     CHECK(scaled.sublayers.at({Figure::update_loss, 1}) == plain.sublayers.at({Figure::update_loss, 1}));
     CHECK(scaled.updates[0].learning_rate == 1e-3);  // the run records --lr, the file its scale
-    config.update = UpdateRule::adam;                  // adam = 4: Adam's step is --lr times 4
+    config.update = UpdateRule::adam;                // adam = 4: Adam's step is --lr times 4
     const SeedResult adam = run(doubled, 1e-3), adam_plain = run(pre_ln, 4e-3);
     CHECK(adam.sublayers.at({Figure::update_loss, 1}) == adam_plain.sublayers.at({Figure::update_loss, 1}));
   }
   SUBCASE("a rule the table does not name keeps --lr") {
     const Architecture adam_only = load_placement_file(write_placement(
-        "lr-adam-only.toml", kHead + "[learning_rate_scale]\nadam = \"7\"\n[[sublayer]]\nrule = \"x <- x + F(N(x))\"\n"));
+        "lr-adam-only.toml",
+        kHead + "[learning_rate_scale]\nadam = \"7\"\n[[sublayer]]\nrule = \"x <- x + F(N(x))\"\n"));
     CHECK(run(adam_only, 1e-3).sublayers.at({Figure::update_loss, 1}) ==
           run(pre_ln, 1e-3).sublayers.at({Figure::update_loss, 1}));
   }
   SUBCASE(
       "a scale per sublayer: SGD's first-order loss change of sublayer 1 triples, the others keep theirs") {
-    const Architecture third = load_placement_file(write_placement(
-        "lr-third.toml",
-        kHead + "[learning_rate_scale]\nsgd = \"if(l == 1, 3, 1)\"\n[[sublayer]]\nrule = \"x <- x + F(N(x))\"\n"));
+    const Architecture third = load_placement_file(
+        write_placement("lr-third.toml", kHead + "[learning_rate_scale]\nsgd = \"if(l == 1, 3, "
+                                                 "1)\"\n[[sublayer]]\nrule = \"x <- x + F(N(x))\"\n"));
     config.update_norm_gains = true;  // the sublayer's norm gains take the scale too
     const auto scaled = run(third, 1e-3).sublayers.at({Figure::update_loss, 1});
     const auto plain = run(pre_ln, 1e-3).sublayers.at({Figure::update_loss, 1});
@@ -248,7 +250,10 @@ TEST_CASE(
     const Architecture zero = load_placement_file(write_placement(
         "lr-zero.toml",
         kHead + "[learning_rate_scale]\nadam = \"1 - b\"\n[[sublayer]]\nrule = \"x <- x + F(N(x))\"\n"));
-    CHECK_THROWS_WITH_AS(resolve_constants(zero, config),
-                         doctest::Contains("learning_rate_scale must be > 0, not 0"), InputError);
+    CHECK_THROWS_WITH_AS(resolve_constants(zero, config), doctest::Contains("lr-zero.toml:"), InputError);
+    CHECK_THROWS_WITH_AS(
+        resolve_constants(zero, config),
+        doctest::Contains("[learning_rate_scale] adam must be > 0, not 0, at sublayer l = 2 (block b = 1)"),
+        InputError);
   }
 }

@@ -378,7 +378,8 @@ def _spec_constants(arch, B, S, mix_ratio, lns_index):
         # [A] lambda = 0.1 if B <= 18, 1e-5 if B <= 24, else 1e-6
         return {"lambda": 0.1 if B <= 18 else (1e-5 if B <= 24 else 1e-6)}
     if arch == "depth-mup":
-        return {"alpha": 1.0, "branch_scale": 1.0 / math.sqrt(S)}  # [A] (a / sqrt(S)), a = 1
+        # [A] (a / sqrt(S)), a = 1; Adam's learning rate eta / sqrt(S) (Depth-muP), recorded as a constant
+        return {"alpha": 1.0, "branch_scale": 1.0 / math.sqrt(S), "adam_lr_scale": 1.0 / math.sqrt(S)}
     if arch == "deepscalelm":
         b2 = 2.0 / S  # [A] l^2 + b^2 = 1, b^2 = 2 / S
         return {"beta": math.sqrt(b2), "lambda": math.sqrt(1.0 - b2) if b2 <= 1 else float("nan")}
@@ -944,8 +945,7 @@ def model_update(stack, x0, probe, rule, lr, params_mode="matrices"):
         gain_grads = {k: g.detach() for k, g in zip(gain_keys, all_grads[len(flat):])}
         # a placement's depth-scaled learning rate (its file's learning_rate_scale) for sublayer l's
         # parameters; the output head ("head") keeps lr
-        scale = (lambda l: stack.learning_rate_scale(l, rule)) if hasattr(stack, "learning_rate_scale") else (
-            lambda l: 1.0)
+        scale = lambda l: stack.learning_rate_scale(l, rule)
         steps = [{n: _optimizer_step(rule, lr * scale(l), g) for n, g in Gl.items()} for l, Gl in enumerate(grads)]
         gain_steps = {k: _optimizer_step(rule, lr * (1.0 if k[0] == "head" else scale(k[0])), g)
                       for k, g in gain_grads.items()}

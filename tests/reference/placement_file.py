@@ -589,8 +589,15 @@ class PlacementFile:
                           for k, v in doc.get("init_gain", {}).items()}
         # [P] `[learning_rate_scale]`: --update's multiplier on --lr for every parameter of sublayer l, per rule
         raw_lr = doc.get("learning_rate_scale", {})
-        if not isinstance(raw_lr, dict) or set(raw_lr) - {"sgd", "adam"}:
-            raise FileError(f"{source}: [learning_rate_scale] is a table with the keys sgd and adam")
+        if not isinstance(raw_lr, dict):
+            raise FileError(f"{source}: [learning_rate_scale] must be a table of rule = \"expression\" (sgd, adam)")
+        unknown_rules = sorted(set(raw_lr) - {"sgd", "adam"})
+        if unknown_rules:
+            raise FileError(f"{source}: [learning_rate_scale] has unknown key(s) {unknown_rules}; the keys are sgd "
+                            "and adam")
+        for k, v in raw_lr.items():  # a string or a number; TOML's booleans are not numbers here
+            if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                raise FileError(f"{source}: [learning_rate_scale] {k} must be a constant expression or a number")
         self.learning_rate_scale = {k: parse_expr(v) if isinstance(v, str) else Node("num", value=float(v))
                                     for k, v in raw_lr.items()}
         self._check_names()
@@ -772,6 +779,9 @@ class FileStack:
         self.where = [self._where(l) for l in range(self.S)]
         placement.check_requires(self._where(self.S - 1))  # [P] before the constants; a fresh cache
         self.entries = [placement.entry_for(w) for w in self.where]  # every sublayer checked before any work
+        for l in range(self.S):  # [P] `[learning_rate_scale]`: both rules, every sublayer, before any work
+            for rule in placement.learning_rate_scale:
+                self.learning_rate_scale(l, rule)
 
     def _where(self, l):
         return Where(self.p, self.sizes, l, l // self.per_block, self.kinds[l], self.block, self.options)

@@ -511,7 +511,7 @@ def gradflow_config_objects():
         "lns": {"input_scale": o(0.5, "blocks")},
         "admin": {"w_0": o(1.0, "sublayers")},
         "ngpt": {"alpha": o(0.05), "s_uv": o(4.0)},  # make_export's d = 16
-        "depth-mup": {"branch_scale": o(1 / math.sqrt(8.0), "sublayers")},
+        "depth-mup": {"branch_scale": o(1 / math.sqrt(8.0), "sublayers"), "adam_lr_scale": o(1 / math.sqrt(8.0), "sublayers")},
         "deepnorm": {"alpha": o(8 ** 0.25, "blocks"), "beta": o(32 ** -0.25, "blocks")},
     }
     for arch, cc in cases.items():
