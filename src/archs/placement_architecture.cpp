@@ -2,8 +2,10 @@
 // rules (placement_rules.cpp); its constants() also checks every sublayer at the run's depth, so
 // a rule selection or a constant that fails there stops the run before any work.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
+#include <variant>
 
 #include "gradflow/errors.hpp"
 #include "placement_rules.hpp"
@@ -78,13 +80,25 @@ void check_every_sublayer(const PlacementDefinition& def, const ModelConfig& con
   placement::build_output_graph(def, scratch, placement::position_of(config, config.sublayers()));
 }
 
+// The file's options given on the command line, as "--flag value", for a refusal to name them.
+std::string given_options(const PlacementDefinition& def, const ModelConfig& config) {
+  std::vector<std::string> given;
+  for (const placement::OptionDeclaration& option : def.options) {
+    const auto value = config.options.find(option.key);
+    if (value == config.options.end()) continue;
+    given.push_back(
+        std::visit([&](const auto& v) { return fmt::format("{} {}", option.flag, v); }, value->second));
+  }
+  return given.empty() ? "" : fmt::format(" (given: {})", fmt::join(given, ", "));
+}
+
 // [[requires]]: a size the placement cannot take is refused before its formulas are evaluated.
 void check_requirements(const PlacementDefinition& def, const ModelConfig& config) {
   placement::ConstantEvaluator values(def, placement::position_of(config, config.sublayers()));
   for (const placement::Requirement& requirement : def.requirements) {
     if (!values.holds(requirement.condition))
-      throw InputError(fmt::format("--arch {} at S = {}, B = {}: {}", def.id, config.sublayers(),
-                                   config.blocks, requirement.message));
+      throw InputError(fmt::format("--arch {} at S = {}, B = {}{}: {}", def.id, config.sublayers(),
+                                   config.blocks, given_options(def, config), requirement.message));
   }
 }
 

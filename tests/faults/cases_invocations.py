@@ -41,7 +41,12 @@ bad("analyze", "--spectrum", "65")
 # analyze: real-valued options, each with the placement that uses it
 FLOAT_BAD = ["nan", "inf", "-inf", "abc", "1e400", "NaN"]
 for option, arch, extra in [("--input-corr", "keel", ["-1", "2"]), ("--mix-ratio", "mix-ln", ["-1", "2"]),
-                            ("--alpha", "keel", ["-1", "0"]), ("--rezero-alpha", "rezero", [])]:
+                            ("--alpha", "keel", ["-1", "0"]), ("--rezero-alpha", "rezero", []),
+                            # the shipped files' options (issue 30): ranges, and values the file refuses
+                            ("--completep-alpha", "completep", ["0.4", "1.5"]),
+                            ("--completep-base-depth", "completep", ["0", "-2"]),
+                            ("--attnres-blocks", "attnres-block", ["0", "2.5"]),
+                            ("--num-fracs", "frac-connections", ["0", "2"])]:
     for value in FLOAT_BAD + extra:
         bad("analyze", option, value, prefix=["--arch", arch, *TINY],
             shown={"1e400": "inf", "NaN": "nan"}.get(value, value))
