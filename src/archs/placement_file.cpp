@@ -34,7 +34,7 @@ constexpr std::array kConstantKeys = {"value", "option", "formula", "unit"};
 constexpr std::array kEntryKeys = {"when",      "rule",   "qkv_norm", "score_scale", "ffn_hidden_scale",
                                    "skip_gain", "update", "sum"};
 constexpr std::array kMatrices = {"q", "k", "v", "o", "up", "down"};  // WeightMatrix order
-constexpr std::array kUpdateRules = {"sgd", "adam"};                    // [learning_rate_scale] keys
+constexpr std::array kUpdateRules = {"sgd", "adam"};                  // [learning_rate_scale] keys
 constexpr std::array kGrowth = {"vanishing", "bounded", "sqrt", "linear", "other"};
 // Counts a real placement stays far below (hyper-connections: 4 streams; keel: 2 options, 1 entry).
 // Each stream is a T x d matrix in every state; each option a flag of every command line; each
@@ -429,7 +429,8 @@ void FileReader::read_constants(const toml::table& top) {
   }
   if (const toml::node* node = top.get("learning_rate_scale")) {
     if (!node->is_table())
-      fail(node->source(), "expected [learning_rate_scale] as a table of rule = \"expression\" (rules sgd adam)");
+      fail(node->source(),
+           "expected [learning_rate_scale] as a table of rule = \"expression\" (rules sgd adam)");
     known_keys(*node->as_table(), kUpdateRules, "[learning_rate_scale] (the update rules sgd adam)");
     for (std::size_t r = 0; r < kUpdateRules.size(); ++r) {
       if (const toml::node* scale = node->as_table()->get(kUpdateRules[r]))
