@@ -5,7 +5,8 @@ run that the decision is about, side by side.
 Every piece has a library path that the same binary selects through GRADFLOW_KERNELS (kernels.hpp):
   products  gradflow's AVX-512 tiles (src/kernels/gemm.cpp)         vs Eigen's product on OpenBLAS's sgemm
   gram      the AVX-512 double Gram tile (gram_lower_f64)   vs Eigen's rank update on OpenBLAS's dsyrk
-  radius    the AVX-512 Box-Muller radius (src/rng.cpp)     vs Eigen's vectorised log and sqrt
+  normals   the AVX-512 normal generator (src/rng.cpp: counters, radius and angle in registers)
+            vs compiler-vectorised loops with Eigen's vectorised log and sqrt
   pool      WorkPool's workers (src/kernels/work_pool.cpp)            vs an OpenMP parallel loop per op
             (run with OMP_WAIT_POLICY=passive: libgomp's default spinning was slower still here,
             5.6 s against 0.69 s at depth 64)
@@ -19,7 +20,7 @@ A fifth piece, gradflow's port of LAPACK's DSTERF (erank's eigenvalues), was mea
 2026-12-01 against LAPACK's dsterf: ratio 1.027 (9.66 s against 9.40 s, medians of 5 rounds on a
 machine loaded by two other builds), 1.12x per 64 x 64 call in isolation; it was removed.
 
-Usage: bench/kernels.py [--gradflow build/gradflow] [--rounds 7] [--pieces products,gram,radius,pool]
+Usage: bench/kernels.py [--gradflow build/gradflow] [--rounds 7] [--pieces products,gram,normals,pool]
 """
 import argparse
 import json
@@ -35,7 +36,7 @@ RUN = ["analyze", "--arch", "keel", "--depth", "1024", "--threads", "2", "-q", "
 PIECES = {
     "products": "AVX-512 GEMM tiles vs Eigen/OpenBLAS sgemm",
     "gram": "AVX-512 double Gram tile (erank) vs OpenBLAS dsyrk",
-    "radius": "SIMD Box-Muller radius vs Eigen log/sqrt",
+    "normals": "AVX-512 normal generator vs vectorised loops (Eigen log/sqrt)",
     "pool": "WorkPool vs OpenMP loop",
 }
 

@@ -1,4 +1,5 @@
-// Counter-based normal generator: SplitMix64 counters and a vectorised Box-Muller transform.
+// Counter-based normal generator: SplitMix64 counters and a vectorised Box-Muller transform, on
+// AVX-512 packets where the build has them (KernelChoice::normal_packets), in loops elsewhere.
 #include "gradflow/rng.hpp"
 
 #include <Eigen/Core>
@@ -94,9 +95,91 @@ inline __m512 radius_packet(__m512 u) {
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// mix64 (below) on 8 counters at once.
+inline __m512i mix64_packet(__m512i value) {
+  value = _mm512_mullo_epi64(_mm512_xor_si512(value, _mm512_srli_epi64(value, 30)),
+                             _mm512_set1_epi64(static_cast<long long>(0xBF58476D1CE4E5B9ull)));
+  value = _mm512_mullo_epi64(_mm512_xor_si512(value, _mm512_srli_epi64(value, 27)),
+                             _mm512_set1_epi64(static_cast<long long>(0x94D049BB133111EBull)));
+  return _mm512_xor_si512(value, _mm512_srli_epi64(value, 31));
+}
+
+// The low 32 bits of each 64-bit lane of lo (lanes 0-7) and hi (lanes 8-15), shifted right by `shift`.
+template <int Shift>
+inline __m512i low_words(__m512i lo, __m512i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(_mm512_srli_epi64(lo, Shift))),
+                            _mm512_cvtepi64_epi32(_mm512_srli_epi64(hi, Shift)), 1);
+}
+
+// sin_cos_of_turn on 16 lanes, operation for operation as GCC compiles the scalar version
+// (-ffp-contract=fast: each Horner step one fused multiply-add), so the bits are the same.
+inline void sin_cos_of_turn_packet(__m512 u, __m512& sine, __m512& cosine) {
+  const __m512 quarter_turns = _mm512_mul_ps(_mm512_set1_ps(4.0f), u);
+  const __m512i quadrant = _mm512_cvttps_epi32(quarter_turns);
+  const __m512 x = _mm512_mul_ps(_mm512_sub_ps(quarter_turns, _mm512_cvtepi32_ps(quadrant)),
+                                 _mm512_set1_ps(0.5f * std::numbers::pi_v<float>));
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  const __m512 one = _mm512_set1_ps(1.0f);
+  __m512 s = _mm512_fmadd_ps(x2, _mm512_set1_ps(-1.0f / 39916800), _mm512_set1_ps(1.0f / 362880));
+  s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(-1.0f / 5040));
+  s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(1.0f / 120));
+  s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(-1.0f / 6));
+  s = _mm512_mul_ps(_mm512_fmadd_ps(s, x2, one), x);
+  __m512 c = _mm512_fmadd_ps(x2, _mm512_set1_ps(1.0f / 479001600), _mm512_set1_ps(-1.0f / 3628800));
+  c = _mm512_fmadd_ps(c, x2, _mm512_set1_ps(1.0f / 40320));
+  c = _mm512_fmadd_ps(c, x2, _mm512_set1_ps(-1.0f / 720));
+  c = _mm512_fmadd_ps(c, x2, _mm512_set1_ps(1.0f / 24));
+  c = _mm512_fmadd_ps(c, x2, _mm512_set1_ps(-0.5f));
+  c = _mm512_fmadd_ps(c, x2, one);
+  // Rotate by the quadrant: odd quadrants swap sine and cosine; the signs are flipped exactly.
+  const __m512i q1 = _mm512_set1_epi32(1), q2 = _mm512_set1_epi32(2);
+  const __mmask16 odd = _mm512_test_epi32_mask(quadrant, q1);
+  const __mmask16 sine_negative = _mm512_cmpge_epi32_mask(quadrant, q2);
+  const __mmask16 cosine_negative =
+      _mm512_kor(_mm512_cmpeq_epi32_mask(quadrant, q1), _mm512_cmpeq_epi32_mask(quadrant, q2));
+  const __m512 sine_abs = _mm512_mask_blend_ps(odd, s, c), cosine_abs = _mm512_mask_blend_ps(odd, c, s);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  sine = _mm512_mask_xor_ps(sine_abs, sine_negative, sine_abs, sign);
+  cosine = _mm512_mask_xor_ps(cosine_abs, cosine_negative, cosine_abs, sign);
+}
+
+// standard_normal_chunk with everything in registers, 16 pairs at a time: the counters, mix64,
+// the 24-bit uniforms, radius_packet and the angle. The same bits as the loops below (the pinned
+// hash in tests/ops/rng.test.cpp), in about half the time (bench/kernels.py, piece "normals").
+void standard_normal_chunk_packet(std::uint64_t key, std::uint64_t first_pair, float scale, float* out) {
+  const __m512i step = _mm512_set1_epi64(static_cast<long long>(8 * kGolden));
+  const std::uint64_t base = key + first_pair * kGolden;
+  // Pair j's counter is base + (j + 1) kGolden, lanes j = 0..7 and 8..15 of each step of 16.
+  __m512i lo = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(base)),
+                                _mm512_mullo_epi64(_mm512_setr_epi64(1, 2, 3, 4, 5, 6, 7, 8),
+                                                   _mm512_set1_epi64(static_cast<long long>(kGolden))));
+  __m512i hi = _mm512_add_epi64(lo, step);
+  const __m512 unit = _mm512_set1_ps(kTwoToMinus24), scaled = _mm512_set1_ps(scale);
+  for (std::size_t j = 0; j < kChunkPairs; j += 16) {
+    const __m512i bits_lo = mix64_packet(lo), bits_hi = mix64_packet(hi);
+    lo = _mm512_add_epi64(lo, _mm512_add_epi64(step, step));
+    hi = _mm512_add_epi64(hi, _mm512_add_epi64(step, step));
+    const __m512 u_radius = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_add_epi32(low_words<40>(bits_lo, bits_hi), _mm512_set1_epi32(1))), unit);
+    const __m512 u_angle = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_and_si512(low_words<8>(bits_lo, bits_hi), _mm512_set1_epi32(0xFFFFFF))),
+        unit);
+    const __m512 radius = radius_packet(u_radius);
+    __m512 sine, cosine;
+    sin_cos_of_turn_packet(u_angle, sine, cosine);
+    _mm512_storeu_ps(out + j, _mm512_mul_ps(scaled, _mm512_mul_ps(radius, cosine)));
+    _mm512_storeu_ps(out + kChunkPairs + j, _mm512_mul_ps(scaled, _mm512_mul_ps(radius, sine)));
+  }
+}
+#endif
+
 // One chunk of 2 * kChunkPairs standard normals, times `scale`: Box-Muller on pairs [first_pair,
 // first_pair + kChunkPairs); cosines fill out[0, kChunkPairs), sines out[kChunkPairs, 2 kChunkPairs).
 void standard_normal_chunk(std::uint64_t key, std::uint64_t first_pair, float scale, float* out) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  if (kernel_choice().normal_packets) return standard_normal_chunk_packet(key, first_pair, scale, out);
+#endif
   alignas(64) float u_radius[kChunkPairs], u_angle[kChunkPairs], radius[kChunkPairs];
   std::uint64_t counter = key + first_pair * kGolden;  // SplitMix64's state before pair first_pair
   for (std::size_t j = 0; j < kChunkPairs; ++j) {
@@ -149,7 +232,7 @@ void box_muller_angle(const float* u, float* sine, float* cosine, std::size_t co
 
 void box_muller_radius(const float* u, float* radius, std::size_t count) {
 #if defined(__AVX512F__)
-  if (count % 16 == 0 && kernel_choice().radius_packet) {
+  if (count % 16 == 0 && kernel_choice().normal_packets) {
     for (std::size_t j = 0; j < count; j += 16)
       _mm512_storeu_ps(radius + j, radius_packet(_mm512_loadu_ps(u + j)));
     return;

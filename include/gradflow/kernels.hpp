@@ -18,9 +18,10 @@ struct KernelChoice {
   // (gram_lower_f64, src/kernels/gemm.cpp), or on Eigen's rank update (OpenBLAS's dsyrk). AVX-512 builds
   // only.
   bool tiled_double_gram = true;
-  // The Box-Muller radius sqrt(-2 ln u) by the AVX-512 packet specialised to the draws' domain
-  // (src/rng.cpp), or by Eigen's vectorised log and sqrt. Same bits either way (tested).
-  bool radius_packet = true;
+  // The normal generator (src/rng.cpp) on AVX-512 packets: the counters, the Box-Muller radius
+  // (specialised to the draws' domain) and the angle in registers, 16 pairs at a time; or in
+  // compiler-vectorised loops with Eigen's vectorised log and sqrt. Same bits either way (tested).
+  bool normal_packets = true;
   // An op's pieces on WorkPool's own workers (src/kernels/work_pool.cpp: one compare-and-swap per
   // piece, a futex between runs, the next sublayer's weights drawn while a thread would wait), or
   // as an OpenMP parallel loop per op (the weights then drawn when needed).
@@ -29,7 +30,7 @@ struct KernelChoice {
 
 // The choice every kernel reads. By default every hand-written piece that this build has;
 // GRADFLOW_KERNELS=library in the environment (bench/kernels.py) selects every library path
-// instead, or a comma-separated list of pieces does: products, gram, radius, pool. Read once, at first
+// instead, or a comma-separated list of pieces does: products, gram, normals, pool. Read once, at first
 // use.
 const KernelChoice& kernel_choice();
 

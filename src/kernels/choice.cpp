@@ -28,14 +28,14 @@ KernelChoice parse_kernel_choice(std::string_view pieces) {
     const std::string_view piece = pieces.substr(0, comma);
     pieces = comma == std::string_view::npos ? std::string_view{} : pieces.substr(comma + 1);
     const bool all = piece == "library";
-    if (!all && piece != "products" && piece != "gram" && piece != "radius" && piece != "pool") {
+    if (!all && piece != "products" && piece != "gram" && piece != "normals" && piece != "pool") {
       throw InputError("GRADFLOW_KERNELS: unknown piece '" + std::string(piece) +
-                       "'; use library, or a comma-separated list of products, gram, radius and pool, "
+                       "'; use library, or a comma-separated list of products, gram, normals and pool, "
                        "or unset it");
     }
     if (all || piece == "products") choice.tiled_products = false;
     if (all || piece == "gram") choice.tiled_double_gram = false;
-    if (all || piece == "radius") choice.radius_packet = false;
+    if (all || piece == "normals") choice.normal_packets = false;
     if (all || piece == "pool") choice.work_pool = false;
   }
   return choice;

@@ -36,7 +36,7 @@ TEST_CASE("the Box-Muller radius equals Eigen's vectorised (-2 log u)^(1/2) for 
   // Eigen's bits for each (the draws gradflow made before its AVX-512 path existed). The buffers
   // are Eigen's (64-byte aligned on AVX-512), as the generator's are (alignas(64), rng.cpp): on a
   // destination that is not, Eigen computes the elements before the first aligned packet with the
-  // scalar logf, whose bits differ, and the library path (GRADFLOW_KERNELS=radius) would fail here
+  // scalar logf, whose bits differ, and the library path (GRADFLOW_KERNELS=normals) would fail here
   // for the buffer's address, not for the draws.
   constexpr std::uint32_t kBatch = 4096;
   Eigen::ArrayXf u(kBatch), fast(kBatch), eigen_radius(kBatch);
@@ -51,13 +51,13 @@ TEST_CASE("the Box-Muller radius equals Eigen's vectorised (-2 log u)^(1/2) for 
   }
   CHECK(mismatches == 0);
 #if defined(__AVX512F__)
-  const bool packet = kernel_choice().radius_packet;
+  const bool packet = kernel_choice().normal_packets;
 #else
   const bool packet = false;
 #endif
   if (!packet) {
     MESSAGE(
-        "this build runs no AVX-512 radius packet (no AVX-512, or GRADFLOW_KERNELS names radius): "
+        "this build runs no AVX-512 radius packet (no AVX-512, or GRADFLOW_KERNELS names normals): "
         "box_muller_radius evaluates the very expression it is compared with, so the comparison above "
         "checks little here; the radius's independent check is the long double test below");
   }
