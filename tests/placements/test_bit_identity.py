@@ -16,19 +16,13 @@ import subprocess
 import sys
 import tempfile
 
+from json_compare import without_timing
+
 BINARY, ROOT = sys.argv[1], sys.argv[2]
 SMALL = ["--depth", "3", "--width", "16", "--heads", "2", "--seq", "8", "--seeds", "2"]
 # A value other than the default for each option the built-in files declare.
 OPTION_VALUES = {"alpha": ["--alpha", "1.7"], "keel_variant": ["--keel-variant", "v1"],
                  "mix_ratio": ["--mix-ratio", "0.5"], "rezero_alpha": ["--rezero-alpha", "0.3"]}
-
-
-def without_timing(value):
-    if isinstance(value, dict):
-        return {k: without_timing(v) for k, v in value.items() if "second" not in k and "timing" not in k}
-    if isinstance(value, list):
-        return [without_timing(v) for v in value]
-    return value
 
 
 def analyze(archs, extra, env=None):

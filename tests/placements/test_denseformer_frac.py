@@ -39,20 +39,14 @@ import tempfile
 
 import torch
 
+from json_compare import without_timing
+
 torch.set_default_dtype(torch.float64)
 
 SMALL = ["--depth", "3", "--width", "16", "--heads", "2", "--seq", "8", "--seeds", "2"]
 GRID = [(block, norm, precision) for block in ["attn-ffn", "ffn", "attn"] for norm in ["rms", "layer"]
         for precision in ["f32", "f64"]]
 TOL = 1e-9  # relative for rms, decades for log10_grad (float64 against float64)
-
-
-def without_timing(value):
-    if isinstance(value, dict):
-        return {k: without_timing(v) for k, v in value.items() if "second" not in k and "timing" not in k}
-    if isinstance(value, list):
-        return [without_timing(v) for v in value]
-    return value
 
 
 def renamed(value, old, new):
