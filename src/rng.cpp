@@ -26,6 +26,11 @@ constexpr float kTwoToMinus24 = 1.0f / 16777216.0f;
 // so the compiler vectorises it; much cheaper than a general sin/cos with range reduction.
 // The last coefficient is multiplied, not divided (x2 / 479001600 cost a vdivps per 16 pairs): the
 // results are bit-identical for all 2^24 possible u, which tests/ops/rng.test.cpp checks.
+// The Taylor coefficients in x^2, highest power first, for Horner's rule: sin x = x p(x^2) and
+// cos x = q(x^2). Each step, s x^2 + c, is one fused multiply-add where the build contracts.
+constexpr float kSineTaylor[] = {-1.0f / 39916800, 1.0f / 362880, -1.0f / 5040, 1.0f / 120, -1.0f / 6, 1.0f};
+constexpr float kCosineTaylor[] = {1.0f / 479001600, -1.0f / 3628800, 1.0f / 40320, -1.0f / 720,
+                                   1.0f / 24,        -0.5f,           1.0f};
 struct TurnSinCos {
   float sin, cos;
 };
@@ -34,15 +39,10 @@ inline TurnSinCos sin_cos_of_turn(float u) {
   const int quadrant = static_cast<int>(quarter_turns);
   const float x = (quarter_turns - static_cast<float>(quadrant)) * (0.5f * std::numbers::pi_v<float>);
   const float x2 = x * x;
-  const float s =
-      x * (1.0f +
-           x2 * (-1.0f / 6 +
-                 x2 * (1.0f / 120 + x2 * (-1.0f / 5040 + x2 * (1.0f / 362880 + x2 * (-1.0f / 39916800))))));
-  const float c =
-      1.0f +
-      x2 * (-0.5f +
-            x2 * (1.0f / 24 + x2 * (-1.0f / 720 +
-                                    x2 * (1.0f / 40320 + x2 * (-1.0f / 3628800 + x2 * (1.0f / 479001600))))));
+  float p = kSineTaylor[0], c = kCosineTaylor[0];
+  for (std::size_t i = 1; i < std::size(kSineTaylor); ++i) p = p * x2 + kSineTaylor[i];
+  for (std::size_t i = 1; i < std::size(kCosineTaylor); ++i) c = c * x2 + kCosineTaylor[i];
+  const float s = x * p;
   // Rotate by the quadrant: (sin, cos) -> (cos, -sin) per quarter turn.
   const bool odd = (quadrant & 1) != 0;
   const float sin_abs = odd ? c : s, cos_abs = odd ? s : c;
@@ -120,18 +120,12 @@ inline void sin_cos_of_turn_packet(__m512 u, __m512& sine, __m512& cosine) {
   const __m512 x = _mm512_mul_ps(_mm512_sub_ps(quarter_turns, _mm512_cvtepi32_ps(quadrant)),
                                  _mm512_set1_ps(0.5f * std::numbers::pi_v<float>));
   const __m512 x2 = _mm512_mul_ps(x, x);
-  const __m512 one = _mm512_set1_ps(1.0f);
-  __m512 s = _mm512_fmadd_ps(x2, _mm512_set1_ps(-1.0f / 39916800), _mm512_set1_ps(1.0f / 362880));
-  s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(-1.0f / 5040));
-  s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(1.0f / 120));
-  s = _mm512_fmadd_ps(s, x2, _mm512_set1_ps(-1.0f / 6));
-  s = _mm512_mul_ps(_mm512_fmadd_ps(s, x2, one), x);
-  __m512 c = _mm512_fmadd_ps(x2, _mm512_set1_ps(1.0f / 479001600), _mm512_set1_ps(-1.0f / 3628800));
-  c = _mm512_fmadd_ps(c, x2, _mm512_set1_ps(1.0f / 40320));
-  c = _mm512_fmadd_ps(c, x2, _mm512_set1_ps(-1.0f / 720));
-  c = _mm512_fmadd_ps(c, x2, _mm512_set1_ps(1.0f / 24));
-  c = _mm512_fmadd_ps(c, x2, _mm512_set1_ps(-0.5f));
-  c = _mm512_fmadd_ps(c, x2, one);
+  __m512 p = _mm512_set1_ps(kSineTaylor[0]), c = _mm512_set1_ps(kCosineTaylor[0]);
+  for (std::size_t i = 1; i < std::size(kSineTaylor); ++i)
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(kSineTaylor[i]));
+  for (std::size_t i = 1; i < std::size(kCosineTaylor); ++i)
+    c = _mm512_fmadd_ps(c, x2, _mm512_set1_ps(kCosineTaylor[i]));
+  const __m512 s = _mm512_mul_ps(x, p);
   // Rotate by the quadrant: odd quadrants swap sine and cosine; the signs are flipped exactly.
   const __m512i q1 = _mm512_set1_epi32(1), q2 = _mm512_set1_epi32(2);
   const __mmask16 odd = _mm512_test_epi32_mask(quadrant, q1);
@@ -148,18 +142,19 @@ inline void sin_cos_of_turn_packet(__m512 u, __m512& sine, __m512& cosine) {
 // the 24-bit uniforms, radius_packet and the angle. The same bits as the loops below (the pinned
 // hash in tests/ops/rng.test.cpp), in about half the time (bench/kernels.py, piece "normals").
 void standard_normal_chunk_packet(std::uint64_t key, std::uint64_t first_pair, float scale, float* out) {
-  const __m512i step = _mm512_set1_epi64(static_cast<long long>(8 * kGolden));
   const std::uint64_t base = key + first_pair * kGolden;
-  // Pair j's counter is base + (j + 1) kGolden, lanes j = 0..7 and 8..15 of each step of 16.
-  __m512i lo = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(base)),
-                                _mm512_mullo_epi64(_mm512_setr_epi64(1, 2, 3, 4, 5, 6, 7, 8),
-                                                   _mm512_set1_epi64(static_cast<long long>(kGolden))));
-  __m512i hi = _mm512_add_epi64(lo, step);
+  // Pair j's counter is base + (j + 1) kGolden (mod 2^64), j = 0..7 in lo and 8..15 in hi, then
+  // 16 pairs further on each step.
+  const auto counter = [&](std::uint64_t j) { return static_cast<long long>(base + (j + 1) * kGolden); };
+  __m512i lo = _mm512_setr_epi64(counter(0), counter(1), counter(2), counter(3), counter(4), counter(5),
+                                 counter(6), counter(7));
+  __m512i hi = _mm512_add_epi64(lo, _mm512_set1_epi64(static_cast<long long>(8 * kGolden)));
+  const __m512i step = _mm512_set1_epi64(static_cast<long long>(16 * kGolden));
   const __m512 unit = _mm512_set1_ps(kTwoToMinus24), scaled = _mm512_set1_ps(scale);
   for (std::size_t j = 0; j < kChunkPairs; j += 16) {
     const __m512i bits_lo = mix64_packet(lo), bits_hi = mix64_packet(hi);
-    lo = _mm512_add_epi64(lo, _mm512_add_epi64(step, step));
-    hi = _mm512_add_epi64(hi, _mm512_add_epi64(step, step));
+    lo = _mm512_add_epi64(lo, step);
+    hi = _mm512_add_epi64(hi, step);
     const __m512 u_radius = _mm512_mul_ps(
         _mm512_cvtepi32_ps(_mm512_add_epi32(low_words<40>(bits_lo, bits_hi), _mm512_set1_epi32(1))), unit);
     const __m512 u_angle = _mm512_mul_ps(
