@@ -24,7 +24,8 @@ synchronisation overhead (Tn against the time at nproc threads), not speed-up.
 The machines are noisy, so every measurement runs in rounds (--repeats): each round runs each
 binary once per kind of run, the binaries' order reversed on every other round, so that a slow
 phase of the machine hits all binaries alike. Prints Markdown tables; -o FILE.json keeps every raw
-number. --args must not contain -o, --no-timing or --threads (the script adds them).
+number. --args must not contain -o, --no-timing or --threads (the script adds them; --no-timing only
+to binaries whose `analyze --help` lists it, so that builds of older commits can be compared).
 
 Usage: bench/phases.py --binary before=/tmp/old/gradflow --binary after=build/gradflow
                        [--args "analyze --arch keel --depth 1024"] [--repeats 5]
@@ -178,18 +179,26 @@ def parse_binaries(specs):
     return binaries
 
 
+def timing_flags(path):
+    """["--no-timing"] when the binary has the option; a binary from before it (e.g. to compare with
+    an old commit) runs without it, as its timing fields are not read here."""
+    result = subprocess.run([path, "analyze", "--help"], capture_output=True, text=True)
+    return ["--no-timing"] if "--no-timing" in result.stdout else []
+
+
 def run_rounds(args, binaries, analyze_args, workdir):
     """Every measurement, in rounds alternating the binaries; returns the raw numbers by binary."""
     raw = {name: {"wall": [], "rss_mb": [], "task_clock": [], "samples": {}, "threads": {}} for name in binaries}
     raw["load_average"] = []
     threads = [int(n) for n in args.threads_list.split(",")] if not args.no_scaling else []
+    no_timing = {name: timing_flags(path) for name, path in binaries.items()}
     for round_index in range(args.repeats):
         order = list(binaries) if round_index % 2 == 0 else list(reversed(binaries))
         raw["load_average"].append(os.getloadavg()[0])
 
         def command(name, *extra):
             output = os.path.join(workdir, f"{name}.json")
-            return [binaries[name], *analyze_args, "--no-timing", "-o", output, *extra]
+            return [binaries[name], *analyze_args, *no_timing[name], "-o", output, *extra]
 
         for name in order:
             seconds, rss, _ = run_measured(command(name))
