@@ -427,10 +427,10 @@ Command setup_analyze(CLI::App& app) {
       ->default_str("off");
   sub->add_option(
          "--config", options->config,
-         "A Hugging Face config.json (or a shipped one by name: gpt2, llama-3.2-1b, qwen2.5-0.5b, "
-         "olmo-2-1b, gemma-2-2b) setting width, depth, heads, KV heads, FFN, norm, RoPE, init and the "
-         "family's placement; flags given override it, and --seq stays 64 unless given (the file's "
-         "context length is only an upper bound)")
+         "A Hugging Face config.json (or a shipped one by name: " + shipped_config_names() +
+             ") setting width, depth, heads, KV heads, FFN, norm, RoPE, init and the family's "
+             "placement; flags given override it, and --seq stays 64 unless given (the file's context "
+             "length is only an upper bound)")
       ->default_str("off");
   sub->add_option(
          "--checkpoint", options->checkpoint,

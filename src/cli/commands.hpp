@@ -126,6 +126,8 @@ struct ConfigOption {
 };
 // Reads and checks the file (InputError naming the key or the parse error's line and column).
 ConfigOption read_config_option(const std::string& spec, const CLI::App& app);
+// The shipped configs' names, comma-separated, for --config's help ("gemma-2-2b, gpt2, ...").
+std::string shipped_config_names();
 // Sets on `model` every field whose flag `app` did not see and, without --arch, `arch` to the
 // family's placement; fills option.document with the source of every configuration field.
 void apply_config_option(ConfigOption& option, const CLI::App& app, ModelConfig& model, std::string& arch);

@@ -41,6 +41,12 @@ bool flag_given(const CLI::App& app, std::string_view flag) {
 }
 }  // namespace
 
+std::string shipped_config_names() {
+  std::vector<std::string_view> names;
+  for (const auto& [shipped, text] : kShippedConfigs) names.push_back(shipped);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
 ConfigOption read_config_option(const std::string& spec, const CLI::App& app) {
   auto [origin, text] = config_text(spec);
   ConfigOption option{origin, read_model_config_file(text, origin, flag_given(app, "--arch")), {}};

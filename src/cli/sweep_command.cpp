@@ -445,8 +445,8 @@ int run_sweep(const SweepOptions& options) {
   largest.width = *std::max_element(grid.widths.begin(), grid.widths.end());
   if (options.jobs > kMaxJobs) {
     throw InputError(
-        fmt::format("--jobs {} must lie in [1, {}]; each job runs one cell on one core and this "
-                    "machine has {}; try --jobs {}",
+        fmt::format("--jobs {} must lie in [1, {}]; each job runs one cell, and this machine has {} "
+                    "cores; try --jobs {}",
                     options.jobs, kMaxJobs, std::max(1u, std::thread::hardware_concurrency()),
                     std::max(1u, std::thread::hardware_concurrency())));
   }
@@ -512,11 +512,11 @@ Command setup_sweep(CLI::App& app) {
       ->default_str("256, or --config's hidden_size");
   sub->add_option(
          "--config", options->config,
-         "A Hugging Face config.json (or a shipped one by name: gpt2, llama-3.2-1b, qwen2.5-0.5b, "
-         "olmo-2-1b, gemma-2-2b) setting the model every cell shares, as for analyze: width, heads, KV "
-         "heads, FFN, norm, RoPE, init and the family's placement; --depth is the grid's, flags given "
-         "override the file (--width then lists the widths), --seq stays 64 unless given. sweep.json "
-         "records it; a rerun into -o DIR must give the same file")
+         "A Hugging Face config.json (or a shipped one by name: " + shipped_config_names() +
+             ") setting the model every cell shares, as for analyze: width, heads, KV heads, FFN, "
+             "norm, RoPE, init and the family's placement; --depth is the grid's, flags given "
+             "override the file (--width then lists the widths), --seq stays 64 unless given. sweep.json "
+             "records it; a rerun into -o DIR must give the same file")
       ->default_str("off");
   add_model_options(sub, options->model);
   sub->add_option("--seeds", options->seeds, "Seeds 0..N-1 per (arch, depth, width)")

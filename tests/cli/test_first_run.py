@@ -135,6 +135,9 @@ def provenance_names_version_commit_compiler_and_kernels():
     assert re.fullmatch(r"[0-9a-f]{40}", tool["commit"]), f"built from a checkout, but commit is {tool['commit']!r}"
     assert tool["compiler"] and tool["kernels"] in ("avx512", "portable"), tool
     assert tool["float64_products"] in ("openblas", "eigen"), tool
+    # GRADFLOW_KERNELS=products runs the float32 products on the library's path: the JSON says so.
+    library = json.loads(run("analyze", *SMALL, env={**os.environ, "GRADFLOW_KERNELS": "products"}).stdout)["tool"]
+    assert library["kernels"] == "portable", library
 
 
 @test
