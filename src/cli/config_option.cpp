@@ -26,13 +26,11 @@ std::pair<std::string, std::string> config_text(const std::string& spec) {
   const std::string name = std::filesystem::path(spec).extension() == ".json"
                                ? std::filesystem::path(spec).replace_extension().string()
                                : spec;
-  std::vector<std::string_view> names;
   for (const auto& [shipped, text] : kShippedConfigs) {
     if (shipped == name) return {fmt::format("data/configs/{}.json", name), std::string(text)};
-    names.push_back(shipped);
   }
   throw InputError(fmt::format("--config {}: no such file, and no shipped config of that name ({})", spec,
-                               fmt::join(names, ", ")));
+                               shipped_config_names()));
 }
 
 bool flag_given(const CLI::App& app, std::string_view flag) {
