@@ -68,6 +68,8 @@ ANALYZE = [
     ["--arch", "plain", "--depth", "200"],  # diverged (underflow)
     ["--arch", "post-ln,deepnorm", "--depth", "2", "--update", "adam", "--lr", "1e-4,1e-3"],
     ["--arch", "pre-ln", "--depth", "2", "--ffn", "swiglu", "--update", "sgd", "--lr", "1e-3"],
+    ["--arch", "pre-ln", "--depth", "2", "--ffn", "moe", "--experts", "4", "--shared-expert-hidden", "8",
+     "--update", "adam", "--update-params", "all"],
 ]
 
 
@@ -82,6 +84,7 @@ def every_analyze_json_key_is_documented():
         found |= json_keys(json.loads(run("analyze", *SMALL, *args, "--format", "json")))
     assert "log10_singular_value_i" in found and "diverged" in found and "angles_matrix" in found
     assert "update_loss_share_i" in found and "output_update_rel" in found and "w_2" in found and "w_3" in found
+    assert "experts_active" in found and "shared_expert_gate" in found, found
     missing = undocumented(found)
     assert not missing, f"JSON keys without an entry in docs/: {missing}"
 
