@@ -5,6 +5,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "gradflow/kernels.hpp"
+
 namespace gradflow {
 
 void SublayerGraph::reset(int input_count) {
@@ -229,6 +231,9 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
                                          const std::vector<Mat<Scalar>>& d_outputs, BranchPath path,
                                          const BranchContext<Scalar>& context,
                                          ParamGradSquares* param_grads) {
+  // Single entries of a renormalised cotangent can be subnormal (Post-LN damps some tokens' gradient
+  // far faster than others); flushed to zero they cost nothing and change no figure (kernels.hpp).
+  const SubnormalsFlushed flushed;
   const Eigen::Index rows = d_outputs.front().rows();
   for (int id = 0; id < graph.value_count(); ++id) cotangents_[id].setZero(rows, values_[id].cols());
   for (std::size_t i = 0; i < graph.outputs().size(); ++i) cotangents_[graph.outputs()[i]] += d_outputs[i];

@@ -52,7 +52,8 @@ class WorkPool {
   // workers (whichever is free takes the next piece), and returns when all are done. If pieces
   // throw (std::bad_alloc, most likely), run() returns only once no piece is running, and rethrows
   // the exception of the lowest-numbered failed piece (on one thread, the pieces run in order and
-  // stop at the first failure).
+  // stop at the first failure). Every piece runs in the calling thread's floating-point mode
+  // (float_mode(), kernels.hpp), whichever thread runs it.
   template <typename Piece>
   void run(int pieces, Piece&& piece) {
     using Callable = std::remove_reference_t<Piece>;
@@ -86,6 +87,7 @@ class WorkPool {
   alignas(64) std::atomic<std::uint64_t> word_{0};
   Task task_ = nullptr;  // the current run's piece function, set before word_
   void* context_ = nullptr;
+  unsigned float_mode_ = 0;  // the current run's floating-point mode, the caller's; set before word_
   alignas(64) std::atomic<int> remaining_{0};        // pieces of the current run not yet finished
   alignas(64) std::atomic<std::uint32_t> epoch_{0};  // the published epoch, what sleeping workers wait on
   std::atomic<bool> stop_{false};

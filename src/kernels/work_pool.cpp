@@ -80,13 +80,16 @@ void WorkPool::record_failure(int piece) {
 }
 
 void WorkPool::run_pieces(std::uint64_t epoch) {
+  unsigned mode = float_mode();
   std::uint64_t word = word_.load(std::memory_order_acquire);
   for (;;) {
     if (epoch_of(word) != epoch || next_of(word) >= count_of(word)) return;
     if (!word_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel, std::memory_order_acquire))
       continue;
-    // A claimed piece is unfinished, so the run (and task_, context_) is still the current one.
+    // A claimed piece is unfinished, so the run (and task_, context_, float_mode_) is still the
+    // current one. A worker takes on the caller's floating-point mode (SubnormalsFlushed).
     const int piece = static_cast<int>(next_of(word));
+    if (float_mode_ != mode) set_float_mode(mode = float_mode_);
     try {
       task_(context_, piece);
     } catch (...) {
@@ -106,6 +109,7 @@ void WorkPool::dispatch(int pieces, Task task, void* context) {
   const std::uint64_t epoch = (epoch_of(word_.load(std::memory_order_relaxed)) + 1) & kEpochMask;
   task_ = task;
   context_ = context;
+  float_mode_ = float_mode();
   remaining_.store(pieces, std::memory_order_relaxed);
   word_.store((epoch << (2 * kIndexBits)) | (static_cast<std::uint64_t>(pieces) << kIndexBits),
               std::memory_order_seq_cst);
@@ -126,6 +130,7 @@ void WorkPool::dispatch(int pieces, Task task, void* context) {
 }
 
 void WorkPool::worker_loop() {
+  const unsigned own_mode = float_mode();  // idle work (weight draws) runs in the thread's own mode
   std::uint32_t seen = 0;
   for (;;) {
     int spins = 0;
@@ -146,18 +151,23 @@ void WorkPool::worker_loop() {
     if (stop_.load(std::memory_order_acquire)) return;
     seen = epoch;
     run_pieces(epoch);
+    if (float_mode() != own_mode) set_float_mode(own_mode);
   }
 }
 
 void WorkPool::run_on_openmp(int pieces, Task task, void* context) {
   std::vector<std::exception_ptr> failures(pieces);
+  const unsigned mode = float_mode();  // OpenMP's threads keep the mode they were created in
 #pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
   for (int i = 0; i < pieces; ++i) {
+    const unsigned own_mode = float_mode();
+    if (own_mode != mode) set_float_mode(mode);
     try {
       task(context, i);
     } catch (...) {
       failures[i] = std::current_exception();
     }
+    if (own_mode != mode) set_float_mode(own_mode);
   }
   for (const std::exception_ptr& failure : failures) {
     if (failure) std::rethrow_exception(failure);

@@ -151,7 +151,7 @@ CASES = [
 
     # ---- the environment
     Case("GRADFLOW_KERNELS unknown piece", ["analyze", "--depth", "2", "-o", "{dir}/r.json"],
-         r"GRADFLOW_KERNELS: unknown piece 'tiles'; use library, or a comma-separated list of products, gram, normals and pool, or unset it",
+         r"GRADFLOW_KERNELS: unknown piece 'tiles'; use library, or a comma-separated list of products, gram, normals, pool and subnormals, or unset it",
          env={"GRADFLOW_KERNELS": "products,tiles"}),
     Case("GRADFLOW_KERNELS wrong case", ["sweep", "--arch", "keel", "--depth", "2", "-o", "{dir}/sweep"],
          r"GRADFLOW_KERNELS: unknown piece 'Library'", env={"GRADFLOW_KERNELS": "Library"}),

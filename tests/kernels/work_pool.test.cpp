@@ -1,7 +1,7 @@
-// WorkPool (work_pool.hpp): every piece runs exactly once on whichever thread is free, the
-// calling thread takes what the workers do not, the lowest-numbered failure reaches the caller
-// once every piece is done, and weights drawn a chunk at a time by any threads equal the weights
-// drawn in one go.
+// WorkPool (work_pool.hpp): every piece runs exactly once on whichever thread is free, in the
+// caller's floating-point mode; the calling thread takes what the workers do not, the
+// lowest-numbered failure reaches the caller once every piece is done, and weights drawn a chunk
+// at a time by any threads equal the weights drawn in one go.
 #include "gradflow/work_pool.hpp"
 
 #include <doctest/doctest.h>
@@ -12,6 +12,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "gradflow/analysis.hpp"
 #include "gradflow/app/placements.hpp"
 #include "gradflow/initialization.hpp"
+#include "gradflow/kernels.hpp"
 #include "gradflow/rng.hpp"
 #include "support/finite_difference.hpp"
 
@@ -93,6 +95,41 @@ TEST_CASE("WorkPool runs each piece exactly once, on several threads when it has
       }
       if (threads == 1) CHECK(most_threads == 1);
       if (threads > 1) CHECK(most_threads > 1);
+    }
+  }
+}
+
+TEST_CASE("WorkPool runs every piece in the calling thread's floating-point mode, on every thread") {
+  // SubnormalsFlushed around an op (the backward pass) must hold on the workers too, or a figure
+  // could depend on which thread ran a piece. Each piece records its thread's mode; 64 pieces of
+  // 20 microseconds let the workers join in (not guaranteed on a loaded machine, so a pass where
+  // only the caller ran is repeated, up to a deadline).
+  for (const bool openmp : {false, true}) {
+    CAPTURE(openmp);
+    WorkPool pool(3, openmp);
+    for (const bool flushed : {true, false, true}) {
+      CAPTURE(flushed);
+      std::optional<SubnormalsFlushed> flush;
+      if (flushed) flush.emplace();
+      const unsigned caller = float_mode();
+      std::vector<unsigned> modes(64);
+      std::set<std::thread::id> threads;
+      std::mutex mutex;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      do {
+        pool.run(64, [&](int piece) {
+          modes[piece] = float_mode();
+          {
+            const std::lock_guard<std::mutex> lock(mutex);
+            threads.insert(std::this_thread::get_id());
+          }
+          const auto start = std::chrono::steady_clock::now();
+          while (std::chrono::steady_clock::now() - start < std::chrono::microseconds(20)) {
+          }
+        });
+        CHECK(std::all_of(modes.begin(), modes.end(), [&](unsigned mode) { return mode == caller; }));
+      } while (threads.size() < 2 && std::chrono::steady_clock::now() < deadline);
+      CHECK(threads.size() > 1);
     }
   }
 }

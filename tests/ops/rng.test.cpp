@@ -280,6 +280,28 @@ TEST_CASE("fill_normal's draws have the standard normal's moments, quantiles and
   CHECK(halves);
 }
 
+TEST_CASE("the generator draws the same bits with subnormals flushed to zero") {
+  // A WorkPool thread draws the next sublayer's weights while it waits, in whatever floating-point
+  // mode it is in: the backward pass runs with subnormals flushed (SubnormalsFlushed, kernels.hpp),
+  // so the draws must not depend on the mode. No intermediate of the radius or the angle comes near
+  // float's smallest normal (the smallest nonzero uniform is 2^-24). This build's path (packets or
+  // loops, kernel_choice()) is the one compared.
+  const auto draw = [](std::vector<float>& single, std::vector<double>& twice) {
+    fill_normal(stream_key(1, RandomUse::weight, 2, 3), 0.5f, single.data(), single.size());
+    fill_normal(stream_key(7, RandomUse::input, 0), 1.0, twice.data(), twice.size());
+  };
+  std::vector<float> gradual(200003), flushed(gradual.size());
+  std::vector<double> gradual_double(4099), flushed_double(gradual_double.size());
+  draw(gradual, gradual_double);
+  {
+    const SubnormalsFlushed flush;
+    draw(flushed, flushed_double);
+  }
+  CHECK(std::memcmp(gradual.data(), flushed.data(), gradual.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(gradual_double.data(), flushed_double.data(), gradual_double.size() * sizeof(double)) ==
+        0);
+}
+
 TEST_CASE("the generator's draws are pinned for this instruction set") {
   // Hashes of 1,000,003 float draws and 4,099 double draws, recorded with the implementation
   // that produced data/baselines. Eigen's vectorised log and sqrt differ in the last bit
