@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "gradflow/branch_op.hpp"
 #include "gradflow/rng.hpp"
@@ -81,9 +82,26 @@ void WeightDraw<Scalar>::finish() {
 
 template <typename Scalar>
 void normalize_along_width(const std::vector<WeightSpec>& specs, SublayerWeights<Scalar>& weights) {
-  const auto unit_columns = [](Mat<Scalar>& m) {  // (d, n): each column, a vector over the d inputs
-    for (Eigen::Index c = 0; c < m.cols(); ++c) {
-      m.col(c) *= static_cast<Scalar>(1.0 / m.col(c).template cast<double>().norm());
+  // (d, n): each column, a vector over the d inputs. The matrices are row-major, so the squares are
+  // summed a row at a time into one double per column, in the same order (rows 0 .. d-1) as a norm
+  // taken down each column; the column-at-a-time walk strided through the whole matrix once per
+  // column and took over 40% of nGPT's run.
+  std::vector<double> column_squares;
+  const auto unit_columns = [&column_squares](Mat<Scalar>& m) {
+    column_squares.assign(static_cast<std::size_t>(m.cols()), 0.0);
+    for (Eigen::Index r = 0; r < m.rows(); ++r) {
+      const Scalar* row = m.data() + r * m.cols();
+      for (Eigen::Index c = 0; c < m.cols(); ++c) {
+        const double x = static_cast<double>(row[c]);
+        column_squares[c] += x * x;
+      }
+    }
+    std::vector<Scalar> factors(column_squares.size());
+    for (std::size_t c = 0; c < factors.size(); ++c)
+      factors[c] = static_cast<Scalar>(1.0 / std::sqrt(column_squares[c]));
+    for (Eigen::Index r = 0; r < m.rows(); ++r) {
+      Scalar* row = m.data() + r * m.cols();
+      for (Eigen::Index c = 0; c < m.cols(); ++c) row[c] *= factors[c];
     }
   };
   const auto unit_rows = [](Mat<Scalar>& m) {  // (n, d): each row, a vector over the d outputs

@@ -16,6 +16,7 @@
 #include "gradflow/architecture.hpp"
 #include "gradflow/branch_op.hpp"
 #include "gradflow/initialization.hpp"
+#include "gradflow/rng.hpp"
 #include "support/finite_difference.hpp"
 #include "support/small_model.hpp"
 
@@ -221,6 +222,45 @@ TEST_CASE("every branch op keeps the table's contract (float64, central differen
         REQUIRE(squares.size() == 1);
         CHECK(squares[0] == doctest::Approx(gradient_squares).epsilon(1e-10));
       }
+    }
+  }
+}
+
+TEST_CASE("normalize_along_width: nGPT's unit vectors along d, the same bits as a norm down each column") {
+  // nGPT's normalize_matrices() (initialization.hpp): the columns of W_Q and W_1 (an input
+  // projection, (d, n)) and the rows of W_O and W_2 (an output projection, (n, d)) get unit norm.
+  // The columns are summed a row at a time; the result must equal Eigen's norm taken down each
+  // column in double, bit for bit, and the rows Eigen's row norm.
+  const std::vector<WeightSpec> specs = {{"W_Q", WeightMatrix::q, 0, 48, 48},
+                                         {"W_O", WeightMatrix::o, 1, 48, 48},
+                                         {"W_1", WeightMatrix::up, 2, 48, 200},
+                                         {"W_2", WeightMatrix::down, 3, 200, 48}};
+  SublayerWeights<float> weights;
+  for (const WeightSpec& spec : specs) {
+    Mat<float> m(spec.rows, spec.cols);
+    fill_normal(stream_key(5, RandomUse::weight, 0, spec.stream), 0.02f, m.data(),
+                static_cast<std::size_t>(m.size()));
+    weights.matrices.push_back(m);
+  }
+  const SublayerWeights<float> drawn = weights;
+  normalize_along_width(specs, weights);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(specs[i].name);
+    const bool output_projection = specs[i].role == WeightMatrix::o || specs[i].role == WeightMatrix::down;
+    Mat<float> expected = drawn.matrices[i];
+    if (output_projection) {
+      for (Eigen::Index r = 0; r < expected.rows(); ++r)
+        expected.row(r) *= static_cast<float>(1.0 / expected.row(r).cast<double>().norm());
+    } else {
+      for (Eigen::Index c = 0; c < expected.cols(); ++c)
+        expected.col(c) *= static_cast<float>(1.0 / expected.col(c).cast<double>().norm());
+    }
+    CHECK(weights.matrices[i] == expected);
+    const Eigen::Index vectors = output_projection ? expected.rows() : expected.cols();
+    for (Eigen::Index v = 0; v < vectors; ++v) {
+      const double norm = output_projection ? weights.matrices[i].row(v).cast<double>().norm()
+                                            : weights.matrices[i].col(v).cast<double>().norm();
+      REQUIRE(std::abs(norm - 1.0) < 1e-6);
     }
   }
 }
