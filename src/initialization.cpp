@@ -77,31 +77,30 @@ void WeightDraw<Scalar>::finish() {
   while (step()) {
   }
   while (done_.load(std::memory_order_acquire) < total_chunks_) _mm_pause();
-  if (unit_norm_) normalize_along_width(specs_, *weights_);
+  if (unit_norm_) normalize_along_width(specs_, *weights_, column_squares_);
 }
 
 template <typename Scalar>
-void normalize_along_width(const std::vector<WeightSpec>& specs, SublayerWeights<Scalar>& weights) {
+void normalize_along_width(const std::vector<WeightSpec>& specs, SublayerWeights<Scalar>& weights,
+                           std::vector<double>& scratch) {
   // (d, n): each column, a vector over the d inputs. The matrices are row-major, so the squares are
-  // summed a row at a time into one double per column, in the same order (rows 0 .. d-1) as a norm
-  // taken down each column; the column-at-a-time walk strided through the whole matrix once per
-  // column and took over 40% of nGPT's run.
-  std::vector<double> column_squares;
-  const auto unit_columns = [&column_squares](Mat<Scalar>& m) {
-    column_squares.assign(static_cast<std::size_t>(m.cols()), 0.0);
+  // summed a row at a time into one double per column (scratch), in the same order (rows 0 .. d-1)
+  // as a norm taken down each column; the column-at-a-time walk strided through the whole matrix
+  // once per column and took over 40% of nGPT's run. Each sum is then replaced by its column's
+  // factor, already rounded to Scalar (exact in double).
+  const auto unit_columns = [&scratch](Mat<Scalar>& m) {
+    scratch.assign(static_cast<std::size_t>(m.cols()), 0.0);
     for (Eigen::Index r = 0; r < m.rows(); ++r) {
       const Scalar* row = m.data() + r * m.cols();
       for (Eigen::Index c = 0; c < m.cols(); ++c) {
         const double x = static_cast<double>(row[c]);
-        column_squares[c] += x * x;
+        scratch[c] += x * x;
       }
     }
-    std::vector<Scalar> factors(column_squares.size());
-    for (std::size_t c = 0; c < factors.size(); ++c)
-      factors[c] = static_cast<Scalar>(1.0 / std::sqrt(column_squares[c]));
+    for (double& s : scratch) s = static_cast<double>(static_cast<Scalar>(1.0 / std::sqrt(s)));
     for (Eigen::Index r = 0; r < m.rows(); ++r) {
       Scalar* row = m.data() + r * m.cols();
-      for (Eigen::Index c = 0; c < m.cols(); ++c) row[c] *= factors[c];
+      for (Eigen::Index c = 0; c < m.cols(); ++c) row[c] *= static_cast<Scalar>(scratch[c]);
     }
   };
   const auto unit_rows = [](Mat<Scalar>& m) {  // (n, d): each row, a vector over the d outputs
@@ -156,8 +155,10 @@ Mat<Scalar> make_probes(const ModelConfig& config, std::uint64_t seed) {
 
 template class WeightDraw<float>;
 template class WeightDraw<double>;
-template void normalize_along_width<float>(const std::vector<WeightSpec>&, SublayerWeights<float>&);
-template void normalize_along_width<double>(const std::vector<WeightSpec>&, SublayerWeights<double>&);
+template void normalize_along_width<float>(const std::vector<WeightSpec>&, SublayerWeights<float>&,
+                                           std::vector<double>&);
+template void normalize_along_width<double>(const std::vector<WeightSpec>&, SublayerWeights<double>&,
+                                            std::vector<double>&);
 template void generate_weights<float>(const ModelConfig&, const Architecture&, const SublayerContext&,
                                       std::uint64_t, SublayerWeights<float>&);
 template void generate_weights<double>(const ModelConfig&, const Architecture&, const SublayerContext&,

@@ -42,8 +42,9 @@ class WeightDraw final : public IdleWork {
     int first_chunk;
   };
   SublayerWeights<Scalar>* weights_ = nullptr;
-  bool unit_norm_ = false;         // Architecture::unit_norm_weights: finish() normalises along d
-  std::vector<WeightSpec> specs_;  // the sublayer's branch op's weights (branch_op.hpp)
+  bool unit_norm_ = false;              // Architecture::unit_norm_weights: finish() normalises along d
+  std::vector<WeightSpec> specs_;       // the sublayer's branch op's weights (branch_op.hpp)
+  std::vector<double> column_squares_;  // normalize_along_width's scratch, kept across sublayers
   std::vector<Matrix> matrices_;
   int total_chunks_ = 0;
   std::atomic<int> next_{0}, done_{0};  // the next chunk to claim; chunks drawn
@@ -52,9 +53,11 @@ class WeightDraw final : public IdleWork {
 // nGPT's normalize_matrices() at init (NVIDIA/ngpt train.py L394-411): every vector along the
 // width-d (embedding) dimension gets unit norm, i.e. with y = x W the columns of W_Q, W_K, W_V
 // (d, d) and W_1 (d, 4d) and the rows of W_O (d, d) and W_2 (4d, d): the rows of an output
-// projection (WeightMatrix o or down), the columns of every other weight of `specs`. Norms in double.
+// projection (WeightMatrix o or down), the columns of every other weight of `specs`. Norms in double;
+// `scratch` holds one double per column (reused, so the per-sublayer loop does not allocate).
 template <typename Scalar>
-void normalize_along_width(const std::vector<WeightSpec>& specs, SublayerWeights<Scalar>& weights);
+void normalize_along_width(const std::vector<WeightSpec>& specs, SublayerWeights<Scalar>& weights,
+                           std::vector<double>& scratch);
 
 // x_0 (T, d): rows sqrt(r) c + sqrt(1 - r) e_t (architectures.md "Inputs").
 template <typename Scalar>

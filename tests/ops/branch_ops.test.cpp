@@ -226,40 +226,44 @@ TEST_CASE("every branch op keeps the table's contract (float64, central differen
   }
 }
 
-TEST_CASE("normalize_along_width: nGPT's unit vectors along d, the same bits as a norm down each column") {
+TEST_CASE_TEMPLATE(
+    "normalize_along_width: nGPT's unit vectors along d, the same bits as a norm down each column", T, float,
+    double) {
   // nGPT's normalize_matrices() (initialization.hpp): the columns of W_Q and W_1 (an input
   // projection, (d, n)) and the rows of W_O and W_2 (an output projection, (n, d)) get unit norm.
   // The columns are summed a row at a time; the result must equal Eigen's norm taken down each
-  // column in double, bit for bit, and the rows Eigen's row norm.
+  // column in double, bit for bit, and the rows Eigen's row norm. In double the factor is not
+  // rounded to float, so there the sums' order shows in the bits (summing the rows in reverse fails).
   const std::vector<WeightSpec> specs = {{"W_Q", WeightMatrix::q, 0, 48, 48},
                                          {"W_O", WeightMatrix::o, 1, 48, 48},
                                          {"W_1", WeightMatrix::up, 2, 48, 200},
                                          {"W_2", WeightMatrix::down, 3, 200, 48}};
-  SublayerWeights<float> weights;
+  SublayerWeights<T> weights;
   for (const WeightSpec& spec : specs) {
-    Mat<float> m(spec.rows, spec.cols);
-    fill_normal(stream_key(5, RandomUse::weight, 0, spec.stream), 0.02f, m.data(),
+    Mat<T> m(spec.rows, spec.cols);
+    fill_normal(stream_key(5, RandomUse::weight, 0, spec.stream), T(0.02), m.data(),
                 static_cast<std::size_t>(m.size()));
     weights.matrices.push_back(m);
   }
-  const SublayerWeights<float> drawn = weights;
-  normalize_along_width(specs, weights);
+  const SublayerWeights<T> drawn = weights;
+  std::vector<double> scratch;
+  normalize_along_width(specs, weights, scratch);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     CAPTURE(specs[i].name);
     const bool output_projection = specs[i].role == WeightMatrix::o || specs[i].role == WeightMatrix::down;
-    Mat<float> expected = drawn.matrices[i];
+    Mat<T> expected = drawn.matrices[i];
     if (output_projection) {
       for (Eigen::Index r = 0; r < expected.rows(); ++r)
-        expected.row(r) *= static_cast<float>(1.0 / expected.row(r).cast<double>().norm());
+        expected.row(r) *= static_cast<T>(1.0 / expected.row(r).template cast<double>().norm());
     } else {
       for (Eigen::Index c = 0; c < expected.cols(); ++c)
-        expected.col(c) *= static_cast<float>(1.0 / expected.col(c).cast<double>().norm());
+        expected.col(c) *= static_cast<T>(1.0 / expected.col(c).template cast<double>().norm());
     }
     CHECK(weights.matrices[i] == expected);
     const Eigen::Index vectors = output_projection ? expected.rows() : expected.cols();
     for (Eigen::Index v = 0; v < vectors; ++v) {
-      const double norm = output_projection ? weights.matrices[i].row(v).cast<double>().norm()
-                                            : weights.matrices[i].col(v).cast<double>().norm();
+      const double norm = output_projection ? weights.matrices[i].row(v).template cast<double>().norm()
+                                            : weights.matrices[i].col(v).template cast<double>().norm();
       REQUIRE(std::abs(norm - 1.0) < 1e-6);
     }
   }
