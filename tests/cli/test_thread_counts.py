@@ -20,13 +20,12 @@ Usage: test_thread_counts.py GRADFLOW_BINARY
 import json
 import os
 import shlex
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 
-from cli_testing import finish, test
+from cli_testing import finish, first_difference, show, test
 
 BINARY = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/gradflow")
 THREAD_COUNTS = [1, 2, 3, 4, 7, 16]
@@ -53,39 +52,6 @@ def analyze(args, threads, path):
         doc = json.load(file)
     doc.pop("tool", None)
     return doc
-
-
-def show(value):
-    if isinstance(value, float):
-        return f"{value!r} ({value.hex()})"
-    text = json.dumps(value)
-    return text if len(text) <= 200 else text[:200] + "..."
-
-
-def first_difference(a, b, path="$"):
-    """The first place where the parsed documents a and b differ, as (path, a's value, b's value), or
-    None. A list item holding an "arch" is labelled with it. Numbers must agree in JSON type (int, float)
-    and, for floats, bit for bit."""
-    if type(a) is not type(b):
-        return path, a, b
-    if isinstance(a, dict):
-        for key in list(a) + [k for k in b if k not in a]:
-            if key not in a or key not in b:
-                return f"{path}.{key}", a.get(key, "(absent)"), b.get(key, "(absent)")
-            found = first_difference(a[key], b[key], f"{path}.{key}")
-            if found:
-                return found
-        return None
-    if isinstance(a, list):
-        for i, (x, y) in enumerate(zip(a, b)):
-            label = f"{path}[{i}]" + (f"({x['arch']})" if isinstance(x, dict) and "arch" in x else "")
-            found = first_difference(x, y, label)
-            if found:
-                return found
-        return None if len(a) == len(b) else (f"{path} (length)", len(a), len(b))
-    if isinstance(a, float):
-        return None if struct.pack("<d", a) == struct.pack("<d", b) else (path, a, b)
-    return None if a == b else (path, a, b)
 
 
 def assert_same_for_every_thread_count(args, directory, check=None):

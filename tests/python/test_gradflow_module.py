@@ -60,19 +60,6 @@ def test_to_pandas_equals_the_csv_cell_for_cell():
     assert len(frame) > 0
 
 
-def test_the_interpreter_keeps_gradual_underflow():
-    """The backward pass flushes subnormals to zero on its own threads' floating-point mode and
-    restores it (kernels.hpp): numpy, on the calling thread, must still produce subnormals after a
-    run whose backward pass met them (post-ln), on one thread and on several."""
-    import numpy
-    tiny, small = numpy.float32(1e-30), numpy.float32(1e-10)
-    assert tiny * small != 0
-    for threads in (1, 2):
-        gradflow.analyze(arch="post-ln", depth=128, width=32, heads=2, seq=8, threads=threads, no_timing=True)
-        assert tiny * small != 0 and tiny * small < numpy.finfo(numpy.float32).tiny
-        assert numpy.float64(1e-300) * numpy.float64(1e-10) != 0
-
-
 def test_results_as_numpy_arrays():
     import numpy
     result = gradflow.analyze(arch="keel,pre-ln", seeds=2, **SMALL)
