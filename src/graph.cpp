@@ -51,6 +51,17 @@ void SublayerGraph::set_outputs(const std::vector<Value>& outputs) {
   for (const Value v : outputs) outputs_.push_back(v.id);
 }
 
+Value SublayerGraph::attend(Value stream, Value b, double query_init) {
+  if (stream.id < 0 || stream.id >= input_count_)
+    throw std::logic_error("attend reads the history of an input stream");
+  return push({NodeOp::attend, stream.id, b.id, query_init});
+}
+
+bool SublayerGraph::reads_history() const {
+  return std::any_of(nodes_.begin(), nodes_.end(),
+                     [](const Node& node) { return node.op == NodeOp::attend; });
+}
+
 void SublayerGraph::mark_update(Value update, Value sum) {
   update_id_ = update.id;
   sum_id_ = sum.id;
@@ -98,6 +109,7 @@ bool recompute_can_skip_branch_output(const SublayerGraph& graph, std::vector<ch
         if (!is_output) return false;  // its backward needs a value only F can give
         break;
       case NodeOp::branch:
+      case NodeOp::attend:  // its backward needs its sources' values
         return false;
     }
   }
@@ -158,6 +170,10 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
     values_.resize(count);
     cotangents_.resize(count);
     norm_stats_.resize(count);
+    reads_.resize(count);
+    input_keys_.resize(count);
+    extra_keys_.resize(count);
+    queries_.resize(count);
   }
   skipped_branch_output_ = known != nullptr;  // then after_branch_ is recompute's analysis
   for (int i = 0; i < graph.input_count(); ++i) values_[i] = inputs[i];
@@ -195,6 +211,13 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
         break;
       case NodeOp::unit:
         unit_rows_forward(1, a, out, norm_stats_[id]);
+        break;
+      case NodeOp::attend:
+        depth_key(a, context.ops.norm_eps, input_keys_[id]);
+        depth_key(values_[node.rhs], context.ops.norm_eps, extra_keys_[id]);
+        gather_sources(node, id, context);
+        depth_attention_forward<Scalar>(sources_, query(node, id, context), reads_[id]);
+        out = reads_[id].out;
         break;
       case NodeOp::branch:
         if (context.branch == BranchKind::rotation) {
@@ -258,6 +281,32 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
       case NodeOp::unit:
         unit_rows_backward(1, values_[id], norm_stats_[id], d_out, d_a);
         break;
+      case NodeOp::attend: {
+        gather_sources(node, id, context);
+        const std::size_t earlier = sources_.size() - 2;
+        const auto& d_earlier = context.history->d_earlier;
+        const bool kept =
+            static_cast<std::size_t>(node.lhs) < d_earlier.size() && d_earlier[node.lhs].size() == earlier;
+        d_sources_.clear();
+        if (kept) {
+          d_sources_.assign(d_earlier[node.lhs].begin(), d_earlier[node.lhs].end());
+        } else {  // no accumulators given: the earlier states' shares are not wanted
+          discard_.setZero(rows, d_out.cols());
+          d_sources_.assign(earlier, &discard_);
+        }
+        d_sources_.push_back(&d_a);
+        d_sources_.push_back(&cotangents_[node.rhs]);
+        Mat<Scalar>* d_query = nullptr;
+        if (auto* d_queries = context.history->d_queries) {
+          if (static_cast<int>(d_queries->size()) < graph.value_count())
+            d_queries->resize(graph.value_count());
+          d_query = &(*d_queries)[id];
+          d_query->setZero(rows / values_[id].rows(), d_out.cols());
+        }
+        depth_attention_backward<Scalar>(sources_, query(node, id, context), reads_[id], d_out, d_sources_,
+                                         d_query);
+        break;
+      }
       case NodeOp::branch: {
         if (path == BranchPath::cut) break;
         // Nodes come in topological order, so none before the branch reads it: to_weights stops.
@@ -308,6 +357,15 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
         d_out.setZero(rows, values_[id].cols());
         unit_rows_backward(1, values_[id], norm_stats_[id], d_a, d_out);
         break;
+      case NodeOp::attend:  // the earlier states are held fixed: zero tangents
+        gather_sources(node, id, context);
+        zero_tangent_.setZero(rows, values_[id].cols());
+        tangents_.assign(sources_.size() - 2, &zero_tangent_);
+        tangents_.push_back(&d_a);
+        tangents_.push_back(&cotangents_[node.rhs]);
+        depth_attention_jvp<Scalar>(sources_, query(node, id, context), reads_[id], tangents_, nullptr,
+                                    d_out);
+        break;
       case NodeOp::branch:
         if (context.branch == BranchKind::rotation) {
           rotation_forward(d_a, d_out);
@@ -345,6 +403,27 @@ void GraphExecutor<Scalar>::norm_gain_gradients(const SublayerGraph& graph,
     // y = gamma * N(x): dL/dgamma = sum over tokens of dL/dy * N(x), N(x) being y at gamma = 1.
     gradients[id] = (cotangents_[id].array() * values_[id].array()).colwise().sum().matrix();
   }
+}
+
+template <typename Scalar>
+void GraphExecutor<Scalar>::gather_sources(const Node& node, int id, const BranchContext<Scalar>& context) {
+  if (context.history == nullptr) throw std::logic_error("an attend node needs the stack's history");
+  const auto& earlier = context.history->earlier;
+  sources_.clear();
+  if (static_cast<std::size_t>(node.lhs) < earlier.size())
+    sources_.assign(earlier[node.lhs].begin(), earlier[node.lhs].end());
+  sources_.push_back({&values_[node.lhs], &input_keys_[id]});
+  sources_.push_back({&values_[node.rhs], &extra_keys_[id]});
+}
+
+template <typename Scalar>
+const Mat<Scalar>& GraphExecutor<Scalar>::query(const Node& node, int id,
+                                                const BranchContext<Scalar>& context) {
+  const auto* given = context.history != nullptr ? context.history->queries : nullptr;
+  if (given != nullptr && static_cast<std::size_t>(id) < given->size() && (*given)[id].size() != 0)
+    return (*given)[id];
+  queries_[id].setConstant(1, values_[node.lhs].cols(), static_cast<Scalar>(node.factor));
+  return queries_[id];
 }
 
 template class GraphExecutor<float>;

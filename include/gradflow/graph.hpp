@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gradflow/branch_op.hpp"
+#include "gradflow/depth_attention.hpp"
 #include "gradflow/ops.hpp"
 
 namespace gradflow {
@@ -21,6 +22,9 @@ enum class NodeOp {
   norm,    // N(a): a fresh instance of the configured norm (own gamma = 1)
   unit,    // a / norm(a) per token (nGPT)
   branch,  // F(a): the sublayer's attention or FFN; the only node that is not on the skip path
+  attend,  // attention over depth (depth_attention.hpp): a softmax read over the history of input
+           // stream a (its values at states 0 .. l, this sublayer's input last) and then b, with a
+           // pseudo-query that starts as `factor` in every entry (AttnRes: 0)
 };
 
 struct Node {
@@ -40,6 +44,11 @@ class SublayerGraph {
   Value scale(Value a, double factor) { return push({NodeOp::scale, a.id, -1, factor}); }
   Value norm(Value a) { return push({NodeOp::norm, a.id}); }
   Value unit(Value a) { return push({NodeOp::unit, a.id}); }
+  // attend(s, b): a read of input stream s's history (states 0 .. l) followed by b, its pseudo-query
+  // starting as query_init in every entry. Its earlier sources come from BranchContext::history.
+  Value attend(Value stream, Value b, double query_init);
+  // True when some node reads a history (an attend node): the sublayer is not Markov.
+  bool reads_history() const;
   // F(a). Attention options: q/k/v normalisation and, for nGPT, the softmax scale; FFN option:
   // the scale of the hidden pre-activation (nGPT's s_uv). Each applies to its kind of F only.
   Value branch(Value a, QkvNorm qkv_norm = QkvNorm::none, std::optional<double> score_scale = std::nullopt,
@@ -75,6 +84,19 @@ class SublayerGraph {
   double ffn_hidden_scale_ = 1.0;
 };
 
+// The history an attend node reads besides its own input: per input stream, the stream's values at
+// the earlier states 0 .. l-1 with their keys (empty for a stream no node reads), and for the
+// backward pass their cotangent accumulators (same shape; each read ADDS its share), so that a
+// state's cotangent collects every later read. queries, when set, holds per value id a pseudo-query
+// (1, d) replacing the node's initial value; d_queries, when set, receives per value id dL/dw (K, d).
+template <typename Scalar>
+struct DepthHistory {
+  std::vector<std::vector<DepthSource<Scalar>>> earlier;
+  std::vector<std::vector<Mat<Scalar>*>> d_earlier;
+  const std::vector<Mat<Scalar>>* queries = nullptr;
+  std::vector<Mat<Scalar>>* d_queries = nullptr;
+};
+
 // What the branch node F needs besides its input.
 template <typename Scalar>
 struct BranchContext {
@@ -88,6 +110,9 @@ struct BranchContext {
   // --update-params all: per value id, the gain gamma (1, d) of a norm node, y = gamma * N(x);
   // unset or empty: gamma = 1. The forward pass only: backward and jvp are taken at gamma = 1.
   const std::vector<Mat<Scalar>>* norm_gains = nullptr;
+  // attend nodes: the earlier sources they read (and, in the backward, where their shares go).
+  // The JVP holds the earlier states fixed: their tangents are zero.
+  DepthHistory<Scalar>* history = nullptr;
 };
 
 // What the backward pass already knows about a sublayer's outputs when it recomputes the
@@ -184,6 +209,18 @@ class GraphExecutor {
   bool skipped_branch_output_ = false;
   std::vector<double> branch_output_dots_;
   std::vector<std::unique_ptr<BranchOp<Scalar>>> ops_;  // by row of branch_ops(), with their caches
+  // attend nodes, per value id: the read's forward values, the keys of its input and extra source,
+  // its pseudo-query, and scratch lists of its sources and their cotangents
+  std::vector<DepthRead<Scalar>> reads_;
+  std::vector<DepthKey<Scalar>> input_keys_, extra_keys_;
+  std::vector<Mat<Scalar>> queries_;
+  std::vector<DepthSource<Scalar>> sources_;
+  std::vector<Mat<Scalar>*> d_sources_;
+  std::vector<const Mat<Scalar>*> tangents_;
+  Mat<Scalar> zero_tangent_, discard_;
+  // The sources of attend node `id`: the earlier states of its stream, its input, its extra value.
+  void gather_sources(const Node& node, int id, const BranchContext<Scalar>& context);
+  const Mat<Scalar>& query(const Node& node, int id, const BranchContext<Scalar>& context);
 };
 
 }  // namespace gradflow

@@ -138,7 +138,7 @@ class Checker {
       known.insert(known.end(), s_.def->streams.begin(), s_.def->streams.end());
       if (s_.bindings)
         for (const auto& [name, value] : *s_.bindings) known.push_back(name);
-      known.insert(known.end(), {"N", "U", "F"});
+      known.insert(known.end(), {"N", "U", "F", "attend"});
     }
     known.insert(known.end(), {"sqrt", "exp", "log", "floor", "min", "max", "mod", "if"});
     const std::string nearest = nearest_name(e.text, known);
@@ -148,6 +148,7 @@ class Checker {
 
   void call(Expr& e) {
     if (e.text == "N" || e.text == "U" || e.text == "F") return tensor_call(e);
+    if (e.text == "attend") return attend_call(e);
     if (!is_function(e.text)) unknown(e, "function");
     if (static_cast<int>(e.args.size()) != arity(e.text))
       fail(e, fmt::format("{}() takes {} argument(s), not {}", e.text, arity(e.text), e.args.size()));
@@ -170,6 +171,32 @@ class Checker {
       if (++s_.branches > 1) fail(e, "F is used a second time; a rule uses the branch F exactly once");
       e.holds_branch = true;
     }
+  }
+
+  // attend(STREAM, e) or attend(STREAM, e, q): attention over depth, reading the stream's values at
+  // every earlier state and this sublayer's input, then the tensor e; q, a constant, is every entry
+  // of the pseudo-query at init (default 0).
+  void attend_call(Expr& e) {
+    if (!s_.tensors) fail(e, "attend(...) is a tensor; expected a constant expression here");
+    if (!s_.branch)
+      fail(e,
+           "attend(...) can only be used in a [[sublayer]] rule, not in the output head; keep the "
+           "final read in a stream and name that stream in the output");
+    if (e.args.size() != 2 && e.args.size() != 3)
+      fail(e, fmt::format("attend(...) takes a stream, a tensor and an optional constant query, not {} "
+                          "argument(s)",
+                          e.args.size()));
+    const PlacementDefinition& def = *s_.def;
+    const Expr& stream = e.args[0];
+    if (stream.kind != ExprKind::name ||
+        std::find(def.streams.begin(), def.streams.end(), stream.text) == def.streams.end())
+      fail(stream,
+           "attend's first argument is a stream name: the history it reads is that stream's values "
+           "at every earlier state");
+    check(e.args[0]);
+    tensor(e.args[1]);
+    if (e.args.size() == 3) constant(e.args[2]);
+    inherit(e);
   }
 
   void binary(Expr& e) {

@@ -18,7 +18,7 @@ std::string Origin::where(int offset) const {
 namespace {
 constexpr std::array kFunctions = {"sqrt", "exp", "log", "floor", "min", "max", "mod", "if"};
 constexpr std::array kReserved = {"S",    "B",   "l",        "b", "d", "T", "heads", "kind", "block_kind",
-                                  "attn", "ffn", "attn_ffn", "N", "U", "F", "and",   "or",   "not"};
+                                  "attn", "ffn", "attn_ffn", "N", "U", "F", "attend", "and",   "or",   "not"};
 
 class Parser {
  public:

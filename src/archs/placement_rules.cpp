@@ -166,6 +166,10 @@ class GraphBuilder {
     const Value arg = build(e.args[0]);
     if (e.text == "N") return g_.norm(arg);
     if (e.text == "U") return g_.unit(arg);
+    if (e.text == "attend") {  // arg: the input stream whose history is read
+      const Value extra = build(e.args[1]);
+      return g_.attend(arg, extra, e.args.size() == 3 ? values_.value(e.args[2]) : 0.0);
+    }
     std::optional<double> score_scale;
     if (entry_->score_scale) score_scale = values_.value(*entry_->score_scale);
     const double hidden_scale = entry_->ffn_hidden_scale ? values_.value(*entry_->ffn_hidden_scale) : 1.0;

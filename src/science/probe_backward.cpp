@@ -168,13 +168,81 @@ void back_through_sublayers(SeedAnalysis<Scalar>& analysis) {
     analysis.report_progress(2LL * run.sublayers() - l);
   }
 }
+
+// Placements that read a history (attend): sublayer l's VJP also adds shares to every earlier
+// state's history cotangent (StackRun::begin_history_backward), so the cotangents are not
+// renormalised between states: that would rescale every earlier state's cotangent at each step.
+// They keep the output's scale (unit norm at x_S), each state's norm is measured instead, and the
+// skip path has no single-step meaning here: skip_gain and branch_gain stay null. The VJP runs once
+// per sublayer, through F, since each run adds to the history's cotangents.
+template <typename Scalar>
+void back_through_history(SeedAnalysis<Scalar>& analysis) {
+  StackRun<Scalar>& run = analysis.run;
+  const ModelConfig& config = run.config();
+  ProbeGradients<Scalar>& probes = analysis.probes;
+  SeedResult& result = analysis.result;
+  const int tokens = config.seq;
+  std::vector<double> above(config.probes, 1.0), below(config.probes), state_logs(config.probes);
+  std::vector<double> stream_norms;
+  State<Scalar> previous;
+  auto& gain = result.sublayers.at(Figure::gain);
+  run.begin_history_backward(probes.gradient.front().rows());
+  for (int l = run.sublayers() - 1; l >= 0; --l) {
+    const auto branch = run.recompute_for_backward(l, true, l - 1);
+    run.executor().backward(run.graph(), probes.gradient, true, branch, previous,
+                            config.branch == BranchKind::model ? &probes.param_grads : nullptr);
+    run.add_history_cotangent(l, previous);
+    record_contribution(analysis, l);
+    const std::size_t streams = previous.size();
+    stream_norms.assign(config.probes * streams, 0.0);
+    double top = -std::numeric_limits<double>::infinity();
+    for (int k = 0; k < config.probes; ++k) {
+      double total = 0;
+      for (std::size_t s = 0; s < streams; ++s)
+        total += stream_norms[k * streams + s] = probe_squared_norm(previous[s], k, tokens);
+      if (!(total > 0) || !std::isfinite(total)) {
+        if (!result.diverged)
+          result.diverged = Divergence{
+              l, "backward",
+              fmt::format(
+                  "the gradient through sublayer {} became zero or non-finite; states below {} are null", l,
+                  l)};
+        run.end_history_backward();
+        return;
+      }
+      below[k] = total;
+      state_logs[k] = probes.log_scale[k] + 0.5 * std::log(total);
+      for (std::size_t s = 0; s < streams; ++s)
+        stream_norms[k * streams + s] = std::sqrt(stream_norms[k * streams + s] / total);
+      top = std::max(top, probes.log_scale[k]);
+    }
+    // gain^2 = sum_k |dL/dx_l|_k^2 / sum_k |dL/dx_{l+1}|_k^2, true norms (the probe-RMS gain)
+    double numerator = 0, denominator = 0;
+    for (int k = 0; k < config.probes; ++k) {
+      const double weight = std::exp(2.0 * (probes.log_scale[k] - top));
+      numerator += weight * below[k], denominator += weight * above[k];
+    }
+    gain[l] = std::sqrt(numerator / denominator);
+    above = below;
+    std::swap(probes.gradient, previous);
+    record_state_gradient(result, l, streams, state_logs, stream_norms);
+    if (l > 0) keep_probe0_cotangent(analysis, l);
+    analysis.report_progress(2LL * run.sublayers() - l);
+  }
+  run.end_history_backward();
+}
 }  // namespace
 
 template <typename Scalar>
 void compute_probe_backward(SeedAnalysis<Scalar>& analysis) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<double> stream_norms;
-  if (start_from_output(analysis, stream_norms)) back_through_sublayers(analysis);
+  if (start_from_output(analysis, stream_norms)) {
+    if (analysis.run.reads_history())
+      back_through_history(analysis);
+    else
+      back_through_sublayers(analysis);
+  }
   analysis.result.backward_seconds = seconds_since(start);
 }
 

@@ -55,6 +55,59 @@ void StackRun<Scalar>::start(const Mat<Scalar>& input) {
   states_.assign(sublayers_ + 1, {});
   output_norm_stats_.resize(sublayers_);
   states_[0].assign(arch_.initial_streams, input);
+  if (reads_history()) {
+    history_keys_.assign(arch_.history_streams.size(), {});
+    for (std::size_t s = 0; s < arch_.history_streams.size(); ++s)
+      if (arch_.history_streams[s]) history_keys_[s].resize(sublayers_ + 1);
+    store_history_keys(0);
+  }
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::store_history_keys(int l) {
+  for (std::size_t s = 0; s < history_keys_.size(); ++s)
+    if (!history_keys_[s].empty()) depth_key(states_[l][s], config_.norm_eps, history_keys_[s][l]);
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::point_history_at(int l) {
+  const std::size_t streams = history_keys_.size();
+  history_.earlier.resize(streams);
+  history_.d_earlier.resize(streams);
+  for (std::size_t s = 0; s < streams; ++s) {
+    auto& earlier = history_.earlier[s];
+    auto& d_earlier = history_.d_earlier[s];
+    earlier.clear();
+    d_earlier.clear();
+    if (history_keys_[s].empty()) continue;
+    for (int j = 0; j < l; ++j) {
+      earlier.push_back({&states_[j][s], &history_keys_[s][j]});
+      if (history_backward_) d_earlier.push_back(&history_cotangents_[s][j]);
+    }
+  }
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::begin_history_backward(Eigen::Index rows) {
+  history_cotangents_.assign(history_keys_.size(), {});
+  for (std::size_t s = 0; s < history_keys_.size(); ++s) {
+    if (history_keys_[s].empty()) continue;
+    history_cotangents_[s].resize(sublayers_ + 1);
+    for (auto& cotangent : history_cotangents_[s]) cotangent.setZero(rows, config_.width);
+  }
+  history_backward_ = true;
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::add_history_cotangent(int l, State<Scalar>& d_state) const {
+  for (std::size_t s = 0; s < history_cotangents_.size(); ++s)
+    if (!history_cotangents_[s].empty()) d_state[s] += history_cotangents_[s][l];
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::end_history_backward() {
+  history_backward_ = false;
+  history_cotangents_.clear();
 }
 
 template <typename Scalar>
@@ -65,6 +118,7 @@ void StackRun<Scalar>::forward(int l) {
   next.resize(graph_.outputs().size());
   for (std::size_t s = 0; s < next.size(); ++s) next[s] = executor_.value(graph_.outputs()[s]);
   executor_.output_norm_stats(graph_, output_norm_stats_[l]);  // for the backward's recompute
+  if (reads_history()) store_history_keys(l + 1);
 }
 
 template <typename Scalar>
@@ -75,6 +129,10 @@ BranchContext<Scalar> StackRun<Scalar>::prepare_sublayer(int l, int next) {
   arch_.build_sublayer(graph_, ctx);
   BranchContext<Scalar> branch = branch_context(ctx);
   branch.weights = &weight_buffers_[l % 2];
+  if (reads_history()) {
+    point_history_at(l);
+    branch.history = &history_;
+  }
   return branch;
 }
 

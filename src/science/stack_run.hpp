@@ -63,6 +63,23 @@ class StackRun {
   // Jacobian-vector product of sublayer i (recomputed first): tangents of x_i to those of x_{i+1}.
   void jvp(int i, const State<Scalar>& d_inputs, State<Scalar>& d_outputs);
 
+  // Placements that read a history (Architecture::history_streams, attend): the sublayers are not
+  // Markov, since sublayer l reads the history streams' values at every state 0 .. l. A backward
+  // pass over such a stack brackets its VJPs, from sublayer S-1 down to 0 and each once, with
+  // begin_history_backward and end_history_backward: between them every VJP also adds its shares
+  // to the earlier states' history cotangents, and add_history_cotangent(l, d_state) adds state l's
+  // (complete once sublayer l's VJP has run) into the cotangent of x_l. Outside them those shares
+  // are dropped (the earlier states are held fixed, as in the JVP).
+  bool reads_history() const { return arch_.reads_history(); }
+  void begin_history_backward(Eigen::Index rows);
+  void add_history_cotangent(int l, State<Scalar>& d_state) const;
+  void end_history_backward();
+  // The history's pseudo-queries: per sublayer, per value id of its graph (1, d) (empty: the
+  // node's initial value); dL/dw of the last VJP's attend nodes per value id ((K, d); empty for
+  // other values) when keep_query_gradients(true).
+  void keep_query_gradients(bool keep) { history_.d_queries = keep ? &query_gradients_ : nullptr; }
+  const std::vector<Mat<Scalar>>& query_gradients() const { return query_gradients_; }
+
   const SublayerGraph& graph() const { return graph_; }
   GraphExecutor<Scalar>& executor() { return executor_; }
   const GraphExecutor<Scalar>& executor() const { return executor_; }
@@ -75,6 +92,8 @@ class StackRun {
 
  private:
   BranchContext<Scalar> branch_context(const SublayerContext& ctx) const;
+  void store_history_keys(int l);  // the keys of x_l's history streams
+  void point_history_at(int l);    // history_ lists states 0 .. l-1
   void ensure_weights(int l, int next);
   void start_draw(int l);
 
@@ -95,6 +114,14 @@ class StackRun {
   int drawing_[2] = {-1, -1};  // which sublayer's weights each buffer is being drawn for
   WeightDraw<Scalar> draws_[2];
   std::unique_ptr<WorkPool> pool_;  // null: one thread
+
+  // The history (reads_history()): per stream, the keys of its value at every state (empty for a
+  // stream no rule reads), the view sublayer l's attend nodes read, and the backward's cotangents.
+  std::vector<std::vector<DepthKey<Scalar>>> history_keys_;
+  DepthHistory<Scalar> history_;
+  std::vector<std::vector<Mat<Scalar>>> history_cotangents_;
+  bool history_backward_ = false;
+  std::vector<Mat<Scalar>> query_gradients_;
 };
 
 extern template class StackRun<float>;

@@ -3,10 +3,13 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <fstream>
 #include <map>
+#include <sstream>
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/app/placements.hpp"
+#include "gradflow/placement_file.hpp"
 #include "support/finite_difference.hpp"
 
 using namespace gradflow;
@@ -193,4 +196,66 @@ TEST_CASE("whole-stack gradients hold for every placement with the mixture-of-ex
   }
   MESSAGE("worst whole-stack relative error with --ffn moe over placements x blocks x norms x variants: ",
           worst);
+}
+
+namespace {
+// Full Attention Residuals with a true history (tests/placements/history/attnres-history.toml):
+// stream v holds the newest source, h the read over every source so far, each read with its own
+// pseudo-query, `query` in every entry.
+std::string attnres_history_text(double query) {
+  std::ifstream file(std::string(GRADFLOW_TEST_DIR) + "/placements/history/attnres-history.toml");
+  std::stringstream text;
+  text << file.rdbuf();
+  std::string out = text.str();
+  const std::string line = "\nquery = 0\n";
+  const auto at = out.find(line);
+  REQUIRE(at != std::string::npos);
+  return out.replace(at, line.size(), fmt::format("\nquery = {}\n", query));
+}
+}  // namespace
+
+// Issue 30, acceptance 1 (the input gradient): a placement that reads a history is not Markov, so
+// its backward adds every read's share to each earlier state (StackRun::begin_history_backward).
+// Central differences see the whole dependence, at the paper's zero init and at a nonzero query.
+TEST_CASE("a placement reading a history: the whole-stack gradient matches central differences (float64)") {
+  for (const double query : {0.0, 0.3}) {
+    const Architecture arch = load_placement_text("attnres-history-test.toml", attnres_history_text(query));
+    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
+      for (const NormKind norm : {NormKind::rms, NormKind::layer}) {
+        ModelConfig config = small_config();
+        config.block = block;
+        config.norm = norm;
+        CAPTURE(query);
+        CAPTURE(to_string(block));
+        CAPTURE(to_string(norm));
+        const double error = whole_stack_error(config, arch);
+        MESSAGE("attnres with a history, query ", query, ": whole-stack relative error ", error);
+        CHECK(error <= testing::kFiniteDifferenceTolerance);
+      }
+    }
+  }
+}
+
+// Issue 30, acceptance 3: with zero pseudo-queries every read is the uniform mean of the sources so
+// far, which is what the shipped attnres.toml carries in one stream (the running mean): the history
+// stack's read h has the same rms at every state, to rounding.
+TEST_CASE(
+    "attend with zero pseudo-queries reads the uniform mean: the history stack's h is attnres's stream") {
+  const Architecture history = load_placement_text("attnres-history-test.toml", attnres_history_text(0.0));
+  const Architecture& mean = find_architecture("attnres");
+  for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
+    ModelConfig config = small_config();
+    config.blocks = 6;
+    config.block = block;
+    CAPTURE(to_string(block));
+    const SeedResult with_history = analyze_seed(config, history, resolve_constants(history, config), 3);
+    const SeedResult running_mean = analyze_seed(config, mean, resolve_constants(mean, config), 3);
+    const auto& read = with_history.streams.at(1).states.at(Figure::rms);
+    const auto& expected = running_mean.states.at(Figure::rms);
+    REQUIRE(read.size() == expected.size());
+    for (std::size_t l = 0; l < read.size(); ++l) {
+      CAPTURE(l);
+      CHECK(std::abs(read[l] - expected[l]) <= 1e-12 * expected[l]);
+    }
+  }
 }

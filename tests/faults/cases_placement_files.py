@@ -119,6 +119,21 @@ CASES = [
          message=r"--arch bad at S = 4, B = 2: bad needs at least 8 sublayers; try --depth 4",
          files={"p.toml": HEAD + '[[requires]]\ncondition = "S >= 8"\nmessage = "bad needs at least 8 sublayers; '
                 'try --depth 4"\n' + rule("x <- x + F(N(x))")}),
+    # attend (docs/placement-files.md, "Reading a history")
+    placement("attend of a binding, not a stream", rule("o = F(N(x)); x <- attend(o, o)"),
+              r"attend's first argument is a stream name"),
+    placement("attend with one argument", rule("x <- attend(x) + F(N(x))"),
+              r"attend\(\.\.\.\) takes a stream, a tensor and an optional constant query, not 1 argument"),
+    placement("attend with a tensor as its query", rule("o = F(N(x)); x <- attend(x, o, o)"),
+              r"expected a constant expression"),
+    placement("attend in the output head", rule("x <- x + F(N(x))"), r"attend\(\.\.\.\) can only be used in a "
+              r"\[\[sublayer\]\] rule", head=HEAD.replace('output = "N(x)"', 'output = "N(attend(x, x))"')),
+    *[Case(f"{flag} with a file that reads a history", ["analyze", "--arch", "{dir}/p.toml", *TINY, *extra,
+                                                        "-o", "{dir}/out.json"],
+           message=rf"--arch bad reads a history \(attend\): {flag} is not available for it yet",
+           files={"p.toml": HEAD + rule("o = F(N(x)); x <- attend(x, o)")})
+      for flag, extra in (("--update", ["--update", "sgd"]), ("--spectrum", ["--spectrum", "2"]),
+                          ("--exact-jacobian", ["--exact-jacobian"]))],
     placement("option that refuses without saying what it sets",
               '[options.ratio]\nhelp = "h"\ndefault = 0.5\nwhen_unused = "refuse"\n' + rule("x <- x + F(N(x))"),
               r"option 'ratio' refuses runs without it: say what it sets"),

@@ -17,6 +17,7 @@ import re
 import sys
 import tomllib
 
+import numpy as np
 import torch
 
 import gradflow_reference as R
@@ -32,12 +33,12 @@ CONSTANT_KEYS = {"value", "option", "formula", "unit"}
 WHEN_UNUSED = ("warn", "ignore", "refuse")
 REQUIRES_KEYS = {"condition", "message"}  # [P] "`[[requires]]`"
 SUBLAYER_KEYS = {"when", "rule", "qkv_norm", "score_scale", "ffn_hidden_scale", "skip_gain", "update", "sum"}
-RESERVED = set("S B l b d T heads kind block_kind attn ffn attn_ffn N U F sqrt exp log min max floor mod "
-               "if and or not".split())
+RESERVED = set("S B l b d T heads kind block_kind attn ffn attn_ffn N U F attend sqrt exp log min max floor "
+               "mod if and or not".split())
 SIZES = ("S", "B", "d", "T", "heads")
 KIND_WORDS = {"attn": "attn", "ffn": "ffn", "attn_ffn": "attn-ffn"}  # [P] Conditions: kind / block_kind values
 QKV_NORMS = ("none", "per_head_qkv", "full_qk", "per_head_qk_unit")  # [P] `qkv_norm`
-TENSOR_FUNCS = ("N", "U", "F")
+TENSOR_FUNCS = ("N", "U", "F", "attend")
 CONST_FUNCS = {"sqrt": 1, "exp": 1, "log": 1, "floor": 1, "min": 2, "max": 2, "mod": 2, "if": 3}
 COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
 
@@ -775,6 +776,11 @@ class FileStack:
         self.sizes = {"S": self.S, "B": self.B, "d": d, "T": T, "heads": heads}
         self.kinds = [("attn" if l % 2 == 0 else "ffn") if block == "attn-ffn" else block for l in range(self.S)]
         self.streams = list(placement.streams)
+        # [P] `attend(s, e[, q])`: the streams whose history some rule reads
+        self.history_streams = {s for e in placement.entries for _, x in e.assignments + list(e.bindings.items())
+                                for s in _attended(x)}
+        if _attended(placement.output):
+            raise FileError(f"{placement.source}: attend(...) is not allowed in the output head")
         self.admin_w = None
         self.where = [self._where(l) for l in range(self.S)]
         placement.check_requires(self._where(self.S - 1))  # [P] before the constants; a fresh cache
@@ -819,9 +825,14 @@ class FileStack:
         ev = Evaluation(self, dict(zip(self.streams, state)), self.where[-1], None, False, {})
         return ev.tensor(self.p.output)
 
-    def sublayer(self, l, state, detach=False):
+    def history_at(self, l, states):
+        """[P] attend: per history stream, its values at the states 0 .. l-1 before sublayer l."""
+        return {s: [states[j][i] for j in range(l)] for i, s in enumerate(self.streams) if s in self.history_streams}
+
+    def sublayer(self, l, state, detach=False, history=None):
         entry = self.entries[l]
         ev = Evaluation(self, dict(zip(self.streams, state)), self.where[l], l, detach, entry.bindings, entry)
+        ev.history = history or {}
         new = dict(ev.inputs)
         for name, e in entry.assignments:  # simultaneous: every expression reads the sublayer's input
             new[name] = ev.tensor(e)
@@ -833,7 +844,7 @@ class FileStack:
             state = self.init_state(x0)
             states, updates, presums = [state], [], []
             for l in range(self.S):
-                state, u, s = self.sublayer(l, state)
+                state, u, s = self.sublayer(l, state, history=self.history_at(l, states))
                 states.append(state)
                 updates.append(u)
                 presums.append(s)
@@ -846,6 +857,7 @@ class Evaluation:
     def __init__(self, stack, inputs, where, l, detach, bindings, entry=None):
         self.st, self.inputs, self.where, self.l, self.detach = stack, inputs, where, l, detach
         self.bindings, self.entry, self.bound, self.values = bindings, entry, {}, {}
+        self.history = {}  # [P] attend: per history stream, its values at the earlier states
 
     def is_tensor(self, node):
         if node.kind == "name":
@@ -867,6 +879,8 @@ class Evaluation:
             if node.value not in self.bound:  # a binding is one node, evaluated once
                 self.bound[node.value] = self.tensor(self.bindings[node.value])
             return self.bound[node.value]
+        if k == "call" and node.op == "attend":
+            return self.attend(node)
         if k == "call":
             if node.op not in TENSOR_FUNCS or len(node.args) != 1:
                 raise FileError(f"{node.op}() of a tensor")
@@ -885,6 +899,20 @@ class Evaluation:
         if node.op == "/" and ta and not tc:
             return scale(self.tensor(a), 1.0 / self.where.value(c))
         raise FileError(f"'{node.op}' not defined on these operands: {node!r}")
+
+    def attend(self, node):
+        """[P] `attend(s, e[, q])`: attention over depth (Kimi Team 2026, arXiv 2603.15031, Eq. 2-4) over the
+        sources [s at states 0 .. l-1, s at this sublayer's input, e]: keys RMSNorm(v) (gain 1, --norm-eps),
+        logits w . key with every entry of the pseudo-query w equal to q (default 0), a softmax over the
+        sources per token, and the read sum_i alpha_i v_i."""
+        stream = node.args[0].value
+        extra = self.tensor(node.args[1])
+        q = self.where.value(node.args[2]) if len(node.args) == 3 else 0.0
+        V = torch.stack(list(self.history.get(stream, [])) + [self.inputs[stream], extra])
+        keys = R.rms_norm(V, self.st.ops["eps"])
+        w = torch.full((V.shape[-1],), q, dtype=V.dtype)
+        alpha = torch.einsum("d,ntd->nt", w, keys).softmax(dim=0)
+        return torch.einsum("nt,ntd->td", alpha, V)
 
     def branch(self, x):
         """F ([P] "F(e)"): attention or FFN with the entry's options, or gradflow --ideal-branch's rotation."""
@@ -933,6 +961,67 @@ class Evaluation:
 
 def scale(x, c):
     return x if c == 1.0 else x * c  # [P] a scale by exactly 1 builds no node
+
+
+def _attended(node):
+    """The streams named as attend's first argument in `node`."""
+    found = {node.args[0].value} if node.kind == "call" and node.op == "attend" else set()
+    for a in node.args:
+        found |= _attended(a)
+    return found
+
+
+def analyze_history(stack, x0, probes):
+    """R.analyze for a stack that reads a history ([P] attend): the sublayers are not Markov, so dL/dx_l is the
+    gradient with respect to a perturbation of state l's value wherever it is read (sublayer l and every later
+    read of its history), by autograd through the whole forward pass with a zero perturbation per state and
+    stream. gain is the ratio of probe-RMS norms; skip_gain and branch_gain have no meaning (None)."""
+    S, K, ln10 = stack.S, probes.shape[0], math.log(10.0)
+    states, updates, presums = stack.forward(x0)
+    logn = np.zeros((K, S + 1))
+    logn_stream = np.full((K, S + 1, len(stack.streams)), -np.inf)
+    for k in range(K):
+        deltas = [tuple(torch.zeros_like(t, requires_grad=True) for t in st) for st in states]
+        state = tuple(t + dl for t, dl in zip(stack.init_state(x0), deltas[0]))
+        perturbed = [state]
+        for l in range(S):
+            new, _, _ = stack.sublayer(l, state, history=stack.history_at(l, perturbed))
+            state = tuple(t + dl for t, dl in zip(new, deltas[l + 1]))
+            perturbed.append(state)
+        loss = (probes[k] * stack.output(state)).sum()
+        flat = [dl for st in deltas for dl in st]
+        grads = torch.autograd.grad(loss, flat, allow_unused=True)
+        i = 0
+        for l, st in enumerate(deltas):
+            gs = [g if g is not None else torch.zeros_like(dl) for g, dl in zip(grads[i:i + len(st)], st)]
+            i += len(st)
+            logn[k, l] = math.log(tnorm_of(gs))
+            for j, g in enumerate(gs):
+                n = float(g.norm())
+                logn_stream[k, l, j] = math.log(n) if n > 0 else -math.inf
+    log10_grad = [R._log_rms(logn[:, l]) / ln10 for l in range(S + 1)]
+    gain = [math.exp(R._log_rms(logn[:, l]) - R._log_rms(logn[:, l + 1])) for l in range(S)]
+    streams = {name: {"rms": [R._stream_rms(states[l], i) for l in range(S + 1)],
+                      "log10_grad": [R._log_rms(logn_stream[:, l, i]) / ln10 for l in range(S + 1)]}
+               for i, name in enumerate(stack.streams)}
+    for v in streams.values():  # a stream nothing reads (v at x_S): log10_grad of a zero gradient -> None
+        for key in ("rms", "log10_grad"):
+            v[key] = [x if math.isfinite(x) else None for x in v[key]]
+    return {
+        "states": {"index": list(range(S + 1)), "rms": [R.trms(st) for st in states], "log10_grad": log10_grad,
+                   "log10_grad_rel": [v - log10_grad[S] for v in log10_grad], "streams": streams},
+        "sublayers": {
+            "index": list(range(S)), "kind": stack.kinds, "block": [stack.block_of(l) for l in range(S)],
+            "gain": gain, "skip_gain": [None] * S, "branch_gain": [None] * S,
+            "branch_rms": [R.trms((u,)) for u in updates],
+            "stream_share": [R.tnorm((u,)) / R.tnorm((s,)) for u, s in zip(updates, presums)],
+            "admin_w": stack.admin_w,
+        },
+    }
+
+
+def tnorm_of(tensors):
+    return math.sqrt(sum(float((t * t).sum()) for t in tensors))
 
 
 # [P] `qkv_norm` -> the q/k/v norm of gradflow_reference.attention that the page describes
@@ -1020,7 +1109,7 @@ def run_reference(placement, path, overrides=None, built=None):
     stack, x0, probes, cfg, notes = build_from_export(placement, path, overrides)
     if built is not None:
         built.extend([stack, x0, probes])
-    res = R.analyze(stack, x0, probes)
+    res = analyze_history(stack, x0, probes) if stack.history_streams else R.analyze(stack, x0, probes)
     res["sublayers"]["skip_gain_theory"] = stack.skip_gain_theory()
     res.update({"arch": placement.id, "constants": stack.constants_at_last_sublayer(),
                 "constant_records": stack.constant_records_at_last_sublayer(),
