@@ -62,6 +62,12 @@ bool SublayerGraph::reads_history() const {
                      [](const Node& node) { return node.op == NodeOp::attend; });
 }
 
+void SublayerGraph::mark_history_streams(std::vector<bool>& history_streams) const {
+  history_streams.resize(static_cast<std::size_t>(input_count_), false);
+  for (const Node& node : nodes_)
+    if (node.op == NodeOp::attend) history_streams[static_cast<std::size_t>(node.lhs)] = true;
+}
+
 void SublayerGraph::mark_update(Value update, Value sum) {
   update_id_ = update.id;
   sum_id_ = sum.id;
@@ -171,6 +177,7 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
     cotangents_.resize(count);
     norm_stats_.resize(count);
     reads_.resize(count);
+    uniform_.resize(count);
     input_keys_.resize(count);
     extra_keys_.resize(count);
     queries_.resize(count);
@@ -212,13 +219,25 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
       case NodeOp::unit:
         unit_rows_forward(1, a, out, norm_stats_[id]);
         break;
-      case NodeOp::attend:
+      case NodeOp::attend: {
+        if (context.history == nullptr) throw std::logic_error("an attend node needs the stack's history");
+        const auto& prefix = context.history->prefix;
+        const Mat<Scalar>* earlier_sum =
+            static_cast<std::size_t>(node.lhs) < prefix.size() ? prefix[node.lhs] : nullptr;
+        uniform_[id] = earlier_sum != nullptr && is_zero_query(query(node, id, context));
+        if (uniform_[id]) {  // every source weighs 1/n exactly: the running sum, scaled once
+          out = *earlier_sum + a;
+          out += values_[node.rhs];
+          out *= uniform_weight(node, context);
+          break;
+        }
         depth_key(a, context.ops.norm_eps, input_keys_[id]);
         depth_key(values_[node.rhs], context.ops.norm_eps, extra_keys_[id]);
         gather_sources(node, id, context);
         depth_attention_forward<Scalar>(sources_, query(node, id, context), reads_[id]);
         out = reads_[id].out;
         break;
+      }
       case NodeOp::branch:
         if (context.branch == BranchKind::rotation) {
           rotation_forward(a, out);
@@ -255,10 +274,14 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
                                          const BranchContext<Scalar>& context,
                                          ParamGradSquares* param_grads) {
   // Single entries of a renormalised cotangent can be subnormal (Post-LN damps some tokens' gradient
-  // far faster than others); flushed to zero they cost nothing and change no figure (kernels.hpp).
+  // far faster than others; a history stack's cotangents, never renormalised, as well); flushed to
+  // zero they cost nothing and change no figure (kernels.hpp).
   const SubnormalsFlushed flushed;
   const Eigen::Index rows = d_outputs.front().rows();
   for (int id = 0; id < graph.value_count(); ++id) cotangents_[id].setZero(rows, values_[id].cols());
+  if (context.history != nullptr &&
+      context.history->d_queries != nullptr)  // this sublayer's attend nodes only
+    context.history->d_queries->assign(static_cast<std::size_t>(graph.value_count()), Mat<Scalar>());
   for (std::size_t i = 0; i < graph.outputs().size(); ++i) cotangents_[graph.outputs()[i]] += d_outputs[i];
 
   const auto& nodes = graph.nodes();
@@ -282,11 +305,25 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
         unit_rows_backward(1, values_[id], norm_stats_[id], d_out, d_a);
         break;
       case NodeOp::attend: {
+        if (uniform_[id]) {  // a g to the input, to e, and once for all the earlier states
+          const Scalar weight = uniform_weight(node, context);
+          d_a += weight * d_out;
+          cotangents_[node.rhs] += weight * d_out;
+          const auto& shares = context.history->uniform_share;
+          if (static_cast<std::size_t>(node.lhs) < shares.size() && shares[node.lhs] != nullptr)
+            *shares[node.lhs] += weight * d_out;
+          if (context.history->d_queries != nullptr)
+            throw std::logic_error(
+                "the pseudo-query's gradient needs the read in full (DepthHistory::prefix unset)");
+          break;
+        }
         gather_sources(node, id, context);
         const std::size_t earlier = sources_.size() - 2;
         const auto& d_earlier = context.history->d_earlier;
         const bool kept =
-            static_cast<std::size_t>(node.lhs) < d_earlier.size() && d_earlier[node.lhs].size() == earlier;
+            static_cast<std::size_t>(node.lhs) < d_earlier.size() && !d_earlier[node.lhs].empty();
+        if (kept && d_earlier[node.lhs].size() != earlier)
+          throw std::logic_error("an attend node's history cotangents do not match its earlier states");
         d_sources_.clear();
         if (kept) {
           d_sources_.assign(d_earlier[node.lhs].begin(), d_earlier[node.lhs].end());
@@ -298,8 +335,6 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
         d_sources_.push_back(&cotangents_[node.rhs]);
         Mat<Scalar>* d_query = nullptr;
         if (auto* d_queries = context.history->d_queries) {
-          if (static_cast<int>(d_queries->size()) < graph.value_count())
-            d_queries->resize(graph.value_count());
           d_query = &(*d_queries)[id];
           d_query->setZero(rows / values_[id].rows(), d_out.cols());
         }
@@ -358,6 +393,11 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
         unit_rows_backward(1, values_[id], norm_stats_[id], d_a, d_out);
         break;
       case NodeOp::attend:  // the earlier states are held fixed: zero tangents
+        if (uniform_[id]) {
+          d_out = d_a + cotangents_[node.rhs];
+          d_out *= uniform_weight(node, context);
+          break;
+        }
         gather_sources(node, id, context);
         zero_tangent_.setZero(rows, values_[id].cols());
         tangents_.assign(sources_.size() - 2, &zero_tangent_);
@@ -414,6 +454,21 @@ void GraphExecutor<Scalar>::gather_sources(const Node& node, int id, const Branc
     sources_.assign(earlier[node.lhs].begin(), earlier[node.lhs].end());
   sources_.push_back({&values_[node.lhs], &input_keys_[id]});
   sources_.push_back({&values_[node.rhs], &extra_keys_[id]});
+}
+
+template <typename Scalar>
+bool GraphExecutor<Scalar>::is_zero_query(const Mat<Scalar>& query) {
+  return (query.array() == Scalar(0)).all();
+}
+
+// 1/n for the n = l + 2 sources of sublayer l's read: the earlier states, the input and e; the same
+// correctly rounded weight the full read's softmax gives each source at a zero query.
+template <typename Scalar>
+Scalar GraphExecutor<Scalar>::uniform_weight(const Node& node, const BranchContext<Scalar>& context) {
+  const auto& earlier = context.history->earlier;
+  const std::size_t count =
+      (static_cast<std::size_t>(node.lhs) < earlier.size() ? earlier[node.lhs].size() : 0) + 2;
+  return Scalar(1) / static_cast<Scalar>(count);
 }
 
 template <typename Scalar>

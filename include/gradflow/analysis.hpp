@@ -125,6 +125,9 @@ struct AnalysisHooks {
   // Recompute every sublayer in full during the backward pass, also where the branch's output
   // projection is not needed (GraphExecutor::recompute), to compare the two.
   bool recompute_in_full = false;
+  // Read every attend node's sources one by one (depth_attention.hpp), also where its pseudo-query
+  // is zero and the uniform mean of the sources is kept as a running sum (DepthHistory::prefix).
+  bool attend_in_full = false;
 };
 
 // The resolved constants of `arch` at this configuration (empty for constant-free placements).

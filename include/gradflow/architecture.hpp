@@ -58,14 +58,9 @@ struct Architecture {
   // x <- x + update with nothing else touching the stream, so x_S = x_0 + sum_l update_l exactly:
   // enables the exact stream decomposition (stream_decomposition, metrics.md).
   bool additive_stream = false;
-  // Per stream: true when some rule reads the stream's history, its values at every earlier state
-  // (attend, attention over depth). The stack then keeps those values' keys and, in the backward
-  // pass, a cotangent per state that every later read adds to; the sublayers are not Markov.
-  std::vector<bool> history_streams;
-  bool reads_history() const {
-    return std::find(history_streams.begin(), history_streams.end(), true) != history_streams.end();
-  }
-
+  // Some rule may read a history (attend, attention over depth): whether this run's sublayers do is
+  // decided from their graphs (StackRun), since a `when` may leave the rule unused.
+  bool may_read_history = false;
   // Functions rather than plain pointers so that a placement file's definition
   // (placement_file.hpp) can be bound into them; built-in recipes assign capture-free lambdas.
   std::function<Constants(const ModelConfig&)> constants;

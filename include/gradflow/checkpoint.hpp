@@ -40,15 +40,15 @@ struct HfModelSpec {
   int layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0, vocab = 0;
   int max_positions = 0;  // 0: unbounded (rotary families without max_position_embeddings)
   double norm_eps = 1e-6;
-  bool layer_norm = false;        // GPT-2: LayerNorm with bias; the others RMSNorm
-  bool gain_offset = false;       // Gemma-2: RMSNorm scales by (1 + w)
-  bool input_norms = true;        // a norm before each sublayer (all but OLMo-2)
-  bool output_norms = false;      // a norm on each sublayer's output before the add (OLMo-2, Gemma-2)
-  bool qk_norm = false;           // OLMo-2: RMSNorm over the whole q and k projections
-  bool qkv_bias = false;          // biases on q, k, v (Qwen2; Llama's attention_bias; GPT-2)
-  bool o_bias = false;            // a bias on the output projection (Llama's attention_bias; GPT-2)
-  bool mlp_bias = false;          // biases on the MLP's projections (Llama's mlp_bias; GPT-2)
-  bool gated = true;              // down(act(gate(x)) * up(x)); GPT-2: c_proj(act(c_fc(x)))
+  bool layer_norm = false;    // GPT-2: LayerNorm with bias; the others RMSNorm
+  bool gain_offset = false;   // Gemma-2: RMSNorm scales by (1 + w)
+  bool input_norms = true;    // a norm before each sublayer (all but OLMo-2)
+  bool output_norms = false;  // a norm on each sublayer's output before the add (OLMo-2, Gemma-2)
+  bool qk_norm = false;       // OLMo-2: RMSNorm over the whole q and k projections
+  bool qkv_bias = false;      // biases on q, k, v (Qwen2; Llama's attention_bias; GPT-2)
+  bool o_bias = false;        // a bias on the output projection (Llama's attention_bias; GPT-2)
+  bool mlp_bias = false;      // biases on the MLP's projections (Llama's mlp_bias; GPT-2)
+  bool gated = true;          // down(act(gate(x)) * up(x)); GPT-2: c_proj(act(c_fc(x)))
   HfActivation activation = HfActivation::silu;
   bool position_embedding = false;  // GPT-2's learned wpe
   double embedding_scale = 1.0;     // Gemma-2: sqrt(hidden_size)
@@ -100,7 +100,7 @@ class TensorStore {
 
 struct CheckpointRun {
   HfModelSpec spec;
-  ModelConfig config;                     // model_config_of(spec, ...), with update options
+  ModelConfig config;  // model_config_of(spec, ...), with update options
   std::vector<std::int64_t> tokens;
   bool random_tokens = false;
   LossKind loss = LossKind::lm;

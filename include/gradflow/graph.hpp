@@ -49,6 +49,9 @@ class SublayerGraph {
   Value attend(Value stream, Value b, double query_init);
   // True when some node reads a history (an attend node): the sublayer is not Markov.
   bool reads_history() const;
+  // Marks, per input stream, whether an attend node reads its history (history_streams's size is the
+  // input count).
+  void mark_history_streams(std::vector<bool>& history_streams) const;
   // F(a). Attention options: q/k/v normalisation and, for nGPT, the softmax scale; FFN option:
   // the scale of the hidden pre-activation (nGPT's s_uv). Each applies to its kind of F only.
   Value branch(Value a, QkvNorm qkv_norm = QkvNorm::none, std::optional<double> score_scale = std::nullopt,
@@ -89,10 +92,19 @@ class SublayerGraph {
 // backward pass their cotangent accumulators (same shape; each read ADDS its share), so that a
 // state's cotangent collects every later read. queries, when set, holds per value id a pseudo-query
 // (1, d) replacing the node's initial value; d_queries, when set, receives per value id dL/dw (K, d).
+//
+// The uniform reads' shortcut: a read whose pseudo-query is exactly zero weighs each of its n
+// sources a = 1/n exactly (the paper's init). When prefix[s] is set (the sum of stream s over the
+// states 0 .. l-1), such a read is a (prefix + input + e) and costs O(T d) instead of O(n T d); its
+// backward adds a g to uniform_share[s] once, every earlier state's share being that same a g, and
+// the stack spreads it (StackRun::add_history_cotangent). Without uniform_share those shares are
+// dropped, as without d_earlier.
 template <typename Scalar>
 struct DepthHistory {
   std::vector<std::vector<DepthSource<Scalar>>> earlier;
   std::vector<std::vector<Mat<Scalar>*>> d_earlier;
+  std::vector<const Mat<Scalar>*> prefix;
+  std::vector<Mat<Scalar>*> uniform_share;
   const std::vector<Mat<Scalar>>* queries = nullptr;
   std::vector<Mat<Scalar>>* d_queries = nullptr;
 };
@@ -212,6 +224,7 @@ class GraphExecutor {
   // attend nodes, per value id: the read's forward values, the keys of its input and extra source,
   // its pseudo-query, and scratch lists of its sources and their cotangents
   std::vector<DepthRead<Scalar>> reads_;
+  std::vector<char> uniform_;  // per value id: the attend node read its sources' running sum
   std::vector<DepthKey<Scalar>> input_keys_, extra_keys_;
   std::vector<Mat<Scalar>> queries_;
   std::vector<DepthSource<Scalar>> sources_;
@@ -221,6 +234,8 @@ class GraphExecutor {
   // The sources of attend node `id`: the earlier states of its stream, its input, its extra value.
   void gather_sources(const Node& node, int id, const BranchContext<Scalar>& context);
   const Mat<Scalar>& query(const Node& node, int id, const BranchContext<Scalar>& context);
+  static bool is_zero_query(const Mat<Scalar>& query);
+  static Scalar uniform_weight(const Node& node, const BranchContext<Scalar>& context);
 };
 
 }  // namespace gradflow

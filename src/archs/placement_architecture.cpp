@@ -57,6 +57,35 @@ double learning_rate_scale(const PlacementDefinition& def, const SublayerContext
 
 // Builds every sublayer's graph and evaluates every gain and option at this depth: a file's error
 // that depends on S surfaces here, before any work.
+bool mentions_attend(const placement::Expr& e) {
+  if (e.kind == placement::ExprKind::call && e.text == "attend") return true;
+  return std::any_of(e.args.begin(), e.args.end(),
+                     [](const placement::Expr& a) { return mentions_attend(a); });
+}
+
+bool may_read_history(const PlacementDefinition& def) {
+  for (const placement::SublayerEntry& entry : def.sublayers)
+    for (const placement::Statement& statement : entry.rule)
+      for (const placement::Expr& value : statement.values)
+        if (mentions_attend(value)) return true;
+  return false;
+}
+
+// The figure families that need the Jacobian of one sublayer with the earlier states held fixed,
+// or the one-step update (whose pass up the stack is Markov), are not defined for a placement that
+// reads a history yet; refused before any work rather than reported wrong.
+void check_history_families(const PlacementDefinition& def, const ModelConfig& config) {
+  const char* flag = config.exact_jacobian               ? "--exact-jacobian"
+                     : config.spectrum > 0               ? "--spectrum"
+                     : config.update != UpdateRule::none ? "--update"
+                                                         : nullptr;
+  if (flag != nullptr)
+    throw InputError(
+        fmt::format("--arch {} reads a history (attend): {} is not available for it yet, since its "
+                    "sublayers are not Markov; run without {}",
+                    def.id, flag, flag));
+}
+
 void check_every_sublayer(const PlacementDefinition& def, const ModelConfig& config) {
   SublayerGraph scratch;
   const int streams = static_cast<int>(def.streams.size());
@@ -64,6 +93,7 @@ void check_every_sublayer(const PlacementDefinition& def, const ModelConfig& con
     const placement::Position at = placement::position_of(config, l);
     scratch.reset(streams);
     placement::build_sublayer_graph(def, scratch, at);
+    if (scratch.reads_history()) check_history_families(def, config);  // at this run's sizes: `when` decides
     const Constants none;
     const SublayerContext ctx{config, none, l, at.block, at.kind};
     for (int m = 0; m < 6; ++m) init_gain(def, ctx, static_cast<WeightMatrix>(m));
@@ -102,43 +132,8 @@ void check_requirements(const PlacementDefinition& def, const ModelConfig& confi
   }
 }
 
-// The streams whose history some rule reads: attend's first argument (checked to be a stream).
-void mark_attended(const placement::Expr& e, const PlacementDefinition& def, std::vector<bool>& marked) {
-  if (e.kind == placement::ExprKind::call && e.text == "attend") {
-    const auto stream = std::find(def.streams.begin(), def.streams.end(), e.args[0].text);
-    marked[static_cast<std::size_t>(stream - def.streams.begin())] = true;
-  }
-  for (const placement::Expr& a : e.args) mark_attended(a, def, marked);
-}
-
-std::vector<bool> history_streams(const PlacementDefinition& def) {
-  std::vector<bool> marked(def.streams.size(), false);
-  for (const placement::SublayerEntry& entry : def.sublayers)
-    for (const placement::Statement& statement : entry.rule)
-      for (const placement::Expr& value : statement.values) mark_attended(value, def, marked);
-  return marked;
-}
-
-// The figure families that need the Jacobian of one sublayer with the earlier states held fixed,
-// or the one-step update (whose pass up the stack is Markov), are not defined for a placement that
-// reads a history yet; refused before any work rather than reported wrong.
-void check_history_families(const PlacementDefinition& def, const ModelConfig& config) {
-  const std::vector<bool> streams = history_streams(def);
-  if (std::find(streams.begin(), streams.end(), true) == streams.end()) return;
-  const char* flag = config.exact_jacobian               ? "--exact-jacobian"
-                     : config.spectrum > 0               ? "--spectrum"
-                     : config.update != UpdateRule::none ? "--update"
-                                                         : nullptr;
-  if (flag != nullptr)
-    throw InputError(
-        fmt::format("--arch {} reads a history (attend): {} is not available for it yet, since its "
-                    "sublayers are not Markov; run without {}",
-                    def.id, flag, flag));
-}
-
 Constants file_constants(const PlacementDefinition& def, const ModelConfig& config) {
   check_requirements(def, config);
-  check_history_families(def, config);
   check_every_sublayer(def, config);
   placement::ConstantEvaluator values(def, placement::position_of(config, config.sublayers()));
   Constants out;
@@ -185,7 +180,7 @@ Architecture placement_architecture(const PlacementDefinition& def) {
   for (const std::string& name : def.streams) arch.streams.push_back(name);
   arch.initial_streams = static_cast<int>(def.streams.size());
   arch.additive_stream = def.additive;
-  arch.history_streams = history_streams(def);
+  arch.may_read_history = may_read_history(def);
   arch.unit_norm_weights = def.unit_norm_weights;
   if (!def.built_in) {  // a built-in's definition is the binary's; a file's travels with each run
     arch.source = def.path;

@@ -2,7 +2,9 @@
 // with the gradient renormalised at every state and the log of each step's scale accumulated in
 // double. Records log10_grad (also per stream), log10_grad_se and the gains; the output
 // contributions are recorded on the way (contributions.cpp). Activations are recomputed per
-// sublayer, so memory is the residual states plus one sublayer's working set.
+// sublayer, so memory is the residual states plus one sublayer's working set. A placement that
+// reads a history (attend) takes back_through_history instead: no renormalisation, and every
+// state's history cotangent kept until its turn.
 #include <fmt/format.h>
 
 #include "seed_analysis.hpp"

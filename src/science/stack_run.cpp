@@ -1,5 +1,7 @@
 #include "stack_run.hpp"
 
+#include <stdexcept>
+
 namespace gradflow {
 
 namespace {
@@ -31,6 +33,15 @@ StackRun<Scalar>::StackRun(const ModelConfig& config, const Architecture& arch, 
       sublayers_(config.sublayers()),
       skip_weights_(sublayers_ + 1, 1.0) {
   if (config_.branch == BranchKind::model && threads >= 2) pool_ = std::make_unique<WorkPool>(threads);
+  // Which streams' histories this run's sublayers read (attend nodes), from their graphs: a
+  // placement's `when` may leave some entries unused at these sizes.
+  for (int l = 0; arch_.may_read_history && l < sublayers_; ++l) {
+    graph_.reset(arch_.initial_streams);
+    arch_.build_sublayer(graph_, context(l));
+    graph_.mark_history_streams(history_streams_);
+  }
+  reads_history_ =
+      std::find(history_streams_.begin(), history_streams_.end(), true) != history_streams_.end();
 }
 
 template <typename Scalar>
@@ -56,17 +67,27 @@ void StackRun<Scalar>::start(const Mat<Scalar>& input) {
   output_norm_stats_.resize(sublayers_);
   states_[0].assign(arch_.initial_streams, input);
   if (reads_history()) {
-    history_keys_.assign(arch_.history_streams.size(), {});
-    for (std::size_t s = 0; s < arch_.history_streams.size(); ++s)
-      if (arch_.history_streams[s]) history_keys_[s].resize(sublayers_ + 1);
+    history_keys_.assign(history_streams_.size(), {});
+    history_prefix_.assign(history_streams_.size(), {});
+    for (std::size_t s = 0; s < history_streams_.size(); ++s) {
+      if (!history_streams_[s]) continue;
+      history_keys_[s].resize(sublayers_ + 1);
+      if (hooks_.attend_in_full) continue;
+      history_prefix_[s].resize(sublayers_ + 1);
+      history_prefix_[s][0].setZero(input.rows(), input.cols());  // no state before x_0
+    }
     store_history_keys(0);
   }
 }
 
 template <typename Scalar>
 void StackRun<Scalar>::store_history_keys(int l) {
-  for (std::size_t s = 0; s < history_keys_.size(); ++s)
-    if (!history_keys_[s].empty()) depth_key(states_[l][s], config_.norm_eps, history_keys_[s][l]);
+  for (std::size_t s = 0; s < history_keys_.size(); ++s) {
+    if (history_keys_[s].empty()) continue;
+    depth_key(states_[l][s], config_.norm_eps, history_keys_[s][l]);
+    if (l > 0 && !history_prefix_[s].empty())
+      history_prefix_[s][l] = history_prefix_[s][l - 1] + states_[l - 1][s];
+  }
 }
 
 template <typename Scalar>
@@ -74,12 +95,16 @@ void StackRun<Scalar>::point_history_at(int l) {
   const std::size_t streams = history_keys_.size();
   history_.earlier.resize(streams);
   history_.d_earlier.resize(streams);
+  history_.prefix.assign(streams, nullptr);
+  history_.uniform_share.assign(streams, nullptr);
   for (std::size_t s = 0; s < streams; ++s) {
     auto& earlier = history_.earlier[s];
     auto& d_earlier = history_.d_earlier[s];
     earlier.clear();
     d_earlier.clear();
     if (history_keys_[s].empty()) continue;
+    if (!history_prefix_[s].empty()) history_.prefix[s] = &history_prefix_[s][l];
+    if (history_backward_) history_.uniform_share[s] = &uniform_share_[s];
     for (int j = 0; j < l; ++j) {
       earlier.push_back({&states_[j][s], &history_keys_[s][j]});
       if (history_backward_) d_earlier.push_back(&history_cotangents_[s][j]);
@@ -90,24 +115,38 @@ void StackRun<Scalar>::point_history_at(int l) {
 template <typename Scalar>
 void StackRun<Scalar>::begin_history_backward(Eigen::Index rows) {
   history_cotangents_.assign(history_keys_.size(), {});
+  uniform_share_.assign(history_keys_.size(), {});
+  uniform_later_.assign(history_keys_.size(), {});
   for (std::size_t s = 0; s < history_keys_.size(); ++s) {
     if (history_keys_[s].empty()) continue;
     history_cotangents_[s].resize(sublayers_ + 1);
     for (auto& cotangent : history_cotangents_[s]) cotangent.setZero(rows, config_.width);
+    uniform_share_[s].setZero(rows, config_.width);
+    uniform_later_[s].setZero(rows, config_.width);
   }
   history_backward_ = true;
 }
 
+// State l's history cotangent: the shares full reads added to it, and those of every later uniform
+// read (all alike, kept once in uniform_later_); then sublayer l's own uniform shares, which reach
+// the states below l only, join the later ones.
 template <typename Scalar>
-void StackRun<Scalar>::add_history_cotangent(int l, State<Scalar>& d_state) const {
-  for (std::size_t s = 0; s < history_cotangents_.size(); ++s)
-    if (!history_cotangents_[s].empty()) d_state[s] += history_cotangents_[s][l];
+void StackRun<Scalar>::add_history_cotangent(int l, State<Scalar>& d_state) {
+  for (std::size_t s = 0; s < history_cotangents_.size(); ++s) {
+    if (history_cotangents_[s].empty()) continue;
+    d_state[s] += history_cotangents_[s][l];
+    d_state[s] += uniform_later_[s];
+    uniform_later_[s] += uniform_share_[s];
+    uniform_share_[s].setZero();
+  }
 }
 
 template <typename Scalar>
 void StackRun<Scalar>::end_history_backward() {
   history_backward_ = false;
   history_cotangents_.clear();
+  uniform_share_.clear();
+  uniform_later_.clear();
 }
 
 template <typename Scalar>
@@ -165,12 +204,15 @@ BranchContext<Scalar> StackRun<Scalar>::recompute_for_backward(int l, bool in_fu
 
 template <typename Scalar>
 void StackRun<Scalar>::vjp(int i, const State<Scalar>& d_outputs, State<Scalar>& d_inputs) {
+  if (reads_history())  // one sublayer's VJP would hold the earlier states fixed: not the stack's
+    throw std::logic_error("StackRun::vjp of a stack that reads a history");
   const auto branch = recompute(i);
   executor_.backward(graph_, d_outputs, true, branch, d_inputs);
 }
 
 template <typename Scalar>
 void StackRun<Scalar>::jvp(int i, const State<Scalar>& d_inputs, State<Scalar>& d_outputs) {
+  if (reads_history()) throw std::logic_error("StackRun::jvp of a stack that reads a history");
   const auto branch = recompute(i);
   executor_.jvp(graph_, d_inputs, branch, d_outputs);
 }

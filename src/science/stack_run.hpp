@@ -63,16 +63,16 @@ class StackRun {
   // Jacobian-vector product of sublayer i (recomputed first): tangents of x_i to those of x_{i+1}.
   void jvp(int i, const State<Scalar>& d_inputs, State<Scalar>& d_outputs);
 
-  // Placements that read a history (Architecture::history_streams, attend): the sublayers are not
+  // Placements that read a history (attend; found in this run's sublayer graphs): the sublayers are not
   // Markov, since sublayer l reads the history streams' values at every state 0 .. l. A backward
   // pass over such a stack brackets its VJPs, from sublayer S-1 down to 0 and each once, with
   // begin_history_backward and end_history_backward: between them every VJP also adds its shares
   // to the earlier states' history cotangents, and add_history_cotangent(l, d_state) adds state l's
   // (complete once sublayer l's VJP has run) into the cotangent of x_l. Outside them those shares
   // are dropped (the earlier states are held fixed, as in the JVP).
-  bool reads_history() const { return arch_.reads_history(); }
+  bool reads_history() const { return reads_history_; }
   void begin_history_backward(Eigen::Index rows);
-  void add_history_cotangent(int l, State<Scalar>& d_state) const;
+  void add_history_cotangent(int l, State<Scalar>& d_state);
   void end_history_backward();
   // The history's pseudo-queries: per sublayer, per value id of its graph (1, d) (empty: the
   // node's initial value); dL/dw of the last VJP's attend nodes per value id ((K, d); empty for
@@ -117,9 +117,16 @@ class StackRun {
 
   // The history (reads_history()): per stream, the keys of its value at every state (empty for a
   // stream no rule reads), the view sublayer l's attend nodes read, and the backward's cotangents.
+  bool reads_history_ = false;
+  std::vector<bool> history_streams_;  // per stream: some sublayer of this run reads its history
   std::vector<std::vector<DepthKey<Scalar>>> history_keys_;
   DepthHistory<Scalar> history_;
   std::vector<std::vector<Mat<Scalar>>> history_cotangents_;
+  // The uniform reads' shortcut (DepthHistory::prefix): per history stream, its sum over the states
+  // 0 .. l-1 for every l (unless AnalysisHooks::attend_in_full); in the backward pass, the shares of
+  // the current sublayer's uniform reads and the sum of every later one's.
+  std::vector<std::vector<Mat<Scalar>>> history_prefix_;
+  std::vector<Mat<Scalar>> uniform_share_, uniform_later_;
   bool history_backward_ = false;
   std::vector<Mat<Scalar>> query_gradients_;
 };

@@ -259,3 +259,36 @@ TEST_CASE(
     }
   }
 }
+
+// A read whose pseudo-query is exactly zero keeps the uniform mean as a running sum (DepthHistory::
+// prefix) and spreads its backward shares once (StackRun::add_history_cotangent): the same figures as
+// reading every source, to rounding, in the forward pass and in every gradient.
+TEST_CASE("attend's uniform-read shortcut gives the figures of the full read") {
+  const Architecture arch = load_placement_text("attnres-history-test.toml", attnres_history_text(0.0));
+  AnalysisHooks full;
+  full.attend_in_full = true;
+  for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
+    ModelConfig config = small_config();
+    config.blocks = 8;
+    config.block = block;
+    config.probes = 3;
+    CAPTURE(to_string(block));
+    const Constants constants = resolve_constants(arch, config);
+    const SeedResult shortcut = analyze_seed(config, arch, constants, 3);
+    const SeedResult every_source = analyze_seed(config, arch, constants, 3, {}, {}, full);
+    for (const Figure figure : {Figure::rms, Figure::log10_grad}) {
+      const auto& a = shortcut.states.at(figure);
+      const auto& b = every_source.states.at(figure);
+      for (std::size_t l = 0; l < a.size(); ++l) {
+        CAPTURE(l);
+        CHECK(std::abs(a[l] - b[l]) <= 1e-12 * std::max(1.0, std::abs(b[l])));
+      }
+    }
+    const auto& a = shortcut.sublayers.at(Figure::gain);
+    const auto& b = every_source.sublayers.at(Figure::gain);
+    for (std::size_t l = 0; l < a.size(); ++l) CHECK(std::abs(a[l] - b[l]) <= 1e-12 * b[l]);
+    const InputGradient fast = loss_and_input_gradient(config, arch, constants, 3);
+    const InputGradient slow = loss_and_input_gradient(config, arch, constants, 3, nullptr, full);
+    CHECK((fast.gradient - slow.gradient).norm() <= 1e-12 * slow.gradient.norm());
+  }
+}

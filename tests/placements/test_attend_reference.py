@@ -6,8 +6,10 @@ backward through the whole history) on tests/placements/history/attnres-history.
 Every figure of the run (states' rms and log10_grad, per stream; gain; branch_rms, stream_share) agrees
 within compare.py's tolerance for the pseudo-query at 0 (the paper's init: uniform reads) and at 0.3 (a
 softmax that is not uniform, with the keys' gradient path), for --block attn-ffn and ffn, --norm rms and
-layer (f64). A negative control reads the history of the wrong stream (h instead of v) in gradflow's copy
-only and requires the comparison to fail, so the check can fail.
+layer (f64). Two more fixtures: two-histories.toml (two history streams, three reads a sublayer, one inside
+F's input) and attend-when.toml (only attention sublayers read a history: with --block ffn none does, so
+the run is Markov, skip_gain is reported and --spectrum runs). A negative control reads the history of the
+wrong stream (h instead of v) in gradflow's copy only and requires the comparison to fail.
 
 Usage: test_attend_reference.py GRADFLOW_BINARY REPOSITORY_ROOT
 """
@@ -18,7 +20,8 @@ import sys
 import tempfile
 
 BINARY, ROOT = sys.argv[1], sys.argv[2]
-FIXTURE = os.path.join(ROOT, "tests", "placements", "history", "attnres-history.toml")
+HISTORY = os.path.join(ROOT, "tests", "placements", "history")
+FIXTURE = os.path.join(HISTORY, "attnres-history.toml")
 COMPARE = os.path.join(ROOT, "tests", "reference", "compare.py")
 
 
@@ -50,6 +53,24 @@ def main():
                     print(f"{'ok  ' if ok else 'FAIL'} query {query}, --block {block}, --norm {norm}")
                     if not ok:
                         failures.append(out)
+        for name, args in (("two-histories", ("--block", "attn-ffn")), ("two-histories", ("--block", "ffn")),
+                           ("attend-when", ("--block", "attn-ffn")), ("attend-when", ("--block", "ffn"))):
+            code, out = compare(os.path.join(HISTORY, name + ".toml"), *args, "--depth", "3")
+            ok = code == 0 and "=OK" in out
+            print(f"{'ok  ' if ok else 'FAIL'} {name} {' '.join(args)}")
+            if not ok:
+                failures.append(out)
+        # attend-when with --block ffn builds no attend node: a Markov run, with the skip path's figures
+        out = os.path.join(tmp, "markov.json")
+        subprocess.run([BINARY, "analyze", "--arch", os.path.join(HISTORY, "attend-when.toml"), "--block", "ffn",
+                        "--depth", "3", "--width", "16", "--heads", "2", "--seq", "5", "--spectrum", "2", "-q",
+                        "-o", out], check=True)
+        with open(out) as f:
+            skip = json.load(f)["runs"][0]["seeds"][0]["sublayers"]["skip_gain"]
+        markov = all(v is not None for v in skip)
+        print(f"{'ok  ' if markov else 'FAIL'} attend-when --block ffn is a Markov run (skip_gain {skip})")
+        if not markov:
+            failures.append("attend-when with --block ffn reported a null skip_gain")
         # negative control: gradflow runs a copy whose reads take h's history instead of v's, the reference
         # interpreter reads the right file on gradflow's exported weights; their gradients must differ.
         wrong = variant(tmp, "attnres-history-wrong", 0.3)

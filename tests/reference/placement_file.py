@@ -776,15 +776,15 @@ class FileStack:
         self.sizes = {"S": self.S, "B": self.B, "d": d, "T": T, "heads": heads}
         self.kinds = [("attn" if l % 2 == 0 else "ffn") if block == "attn-ffn" else block for l in range(self.S)]
         self.streams = list(placement.streams)
-        # [P] `attend(s, e[, q])`: the streams whose history some rule reads
-        self.history_streams = {s for e in placement.entries for _, x in e.assignments + list(e.bindings.items())
-                                for s in _attended(x)}
         if _attended(placement.output):
             raise FileError(f"{placement.source}: attend(...) is not allowed in the output head")
         self.admin_w = None
         self.where = [self._where(l) for l in range(self.S)]
         placement.check_requires(self._where(self.S - 1))  # [P] before the constants; a fresh cache
         self.entries = [placement.entry_for(w) for w in self.where]  # every sublayer checked before any work
+        # [P] `attend(s, e[, q])`: the streams whose history this run's rules read (the entries selected)
+        self.history_streams = {s for e in self.entries for _, x in e.assignments + list(e.bindings.items())
+                                for s in _attended(x)}
         for l in range(self.S):  # [P] `[learning_rate_scale]`: both rules, every sublayer, before any work
             for rule in placement.learning_rate_scale:
                 self.learning_rate_scale(l, rule)
@@ -831,6 +831,8 @@ class FileStack:
 
     def sublayer(self, l, state, detach=False, history=None):
         entry = self.entries[l]
+        if history is None and self.history_streams:
+            raise FileError(f"{self.p.source}: sublayer {l} reads a history; pass history=stack.history_at(l, ...)")
         ev = Evaluation(self, dict(zip(self.streams, state)), self.where[l], l, detach, entry.bindings, entry)
         ev.history = history or {}
         new = dict(ev.inputs)
