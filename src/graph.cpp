@@ -456,11 +456,6 @@ void GraphExecutor<Scalar>::gather_sources(const Node& node, int id, const Branc
   sources_.push_back({&values_[node.rhs], &extra_keys_[id]});
 }
 
-template <typename Scalar>
-bool GraphExecutor<Scalar>::is_zero_query(const Mat<Scalar>& query) {
-  return (query.array() == Scalar(0)).all();
-}
-
 // 1/n for the n = l + 2 sources of sublayer l's read: the earlier states, the input and e; the same
 // correctly rounded weight the full read's softmax gives each source at a zero query.
 template <typename Scalar>

@@ -30,6 +30,13 @@ struct DepthKey {
 template <typename Scalar>
 void depth_key(const Mat<Scalar>& value, double eps, DepthKey<Scalar>& key);
 
+// True when every entry of the pseudo-query is exactly zero: every weight is then 1/n exactly and
+// the keys' path carries no gradient (the paper's init).
+template <typename Scalar>
+bool is_zero_query(const Mat<Scalar>& query) {
+  return (query.array() == Scalar(0)).all();
+}
+
 // One source of a read: its value and its key (both owned by the caller's history).
 template <typename Scalar>
 struct DepthSource {

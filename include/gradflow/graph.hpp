@@ -234,7 +234,6 @@ class GraphExecutor {
   // The sources of attend node `id`: the earlier states of its stream, its input, its extra value.
   void gather_sources(const Node& node, int id, const BranchContext<Scalar>& context);
   const Mat<Scalar>& query(const Node& node, int id, const BranchContext<Scalar>& context);
-  static bool is_zero_query(const Mat<Scalar>& query);
   static Scalar uniform_weight(const Node& node, const BranchContext<Scalar>& context);
 };
 

@@ -8,13 +8,6 @@
 
 namespace gradflow {
 
-namespace {
-template <typename Scalar>
-bool is_zero(const Mat<Scalar>& query) {
-  return (query.array() == Scalar(0)).all();
-}
-}  // namespace
-
 template <typename Scalar>
 void depth_key(const Mat<Scalar>& value, double eps, DepthKey<Scalar>& key) {
   norm_forward(NormKind::rms, 1, value, key.key, key.inv, eps);
@@ -54,7 +47,7 @@ void depth_attention_backward(std::span<const DepthSource<Scalar>> sources, cons
   assert(d_sources.size() == sources.size());
   const Eigen::Index n = static_cast<Eigen::Index>(sources.size());
   const Eigen::Index tokens = read.out.rows(), width = read.out.cols();
-  const bool keyed = !is_zero(query);  // the key path carries w: exactly zero at w = 0
+  const bool keyed = !is_zero_query(query);  // the key path carries w: exactly zero at w = 0
   const auto w = query.row(0);
   for (Eigen::Index r = 0; r < d_out.rows(); ++r) {
     const Eigen::Index t = r % tokens, probe = r / tokens;

@@ -78,6 +78,16 @@ void record_state_gradient(SeedResult& result, int l, std::size_t streams,
   }
 }
 
+// The gradient through sublayer l became zero or non-finite: the states below are null. An earlier
+// divergence (an underflow in the forward pass) is the cause and is kept.
+inline void record_backward_divergence(SeedResult& result, int l) {
+  if (result.diverged) return;
+  result.diverged = Divergence{
+      l, "backward",
+      fmt::format("the gradient through sublayer {} became zero or non-finite; states below {} are null", l,
+                  l)};
+}
+
 struct Gains {
   double gain, skip_gain, branch_gain;
 };
@@ -154,13 +164,7 @@ void back_through_sublayers(SeedAnalysis<Scalar>& analysis) {
     const Gains gains = probe_rms_gains(previous, skip_part, probes.log_scale, config.seq, weight);
     gain[l] = gains.gain, skip_gain[l] = gains.skip_gain, branch_gain[l] = gains.branch_gain;
     if (!renormalise(previous, config.probes, config.seq, log_norms, stream_norms)) {
-      if (!result.diverged) {  // an underflow in the forward pass is the cause; keep it
-        result.diverged = Divergence{
-            l, "backward",
-            fmt::format(
-                "the gradient through sublayer {} became zero or non-finite; states below {} are null", l,
-                l)};
-      }
+      record_backward_divergence(result, l);
       return;
     }
     for (int k = 0; k < config.probes; ++k) probes.log_scale[k] += log_norms[k];
@@ -203,12 +207,7 @@ void back_through_history(SeedAnalysis<Scalar>& analysis) {
       for (std::size_t s = 0; s < streams; ++s)
         total += stream_norms[k * streams + s] = probe_squared_norm(previous[s], k, tokens);
       if (!(total > 0) || !std::isfinite(total)) {
-        if (!result.diverged)
-          result.diverged = Divergence{
-              l, "backward",
-              fmt::format(
-                  "the gradient through sublayer {} became zero or non-finite; states below {} are null", l,
-                  l)};
+        record_backward_divergence(result, l);
         run.end_history_backward();
         return;
       }

@@ -997,7 +997,7 @@ def analyze_history(stack, x0, probes):
         for l, st in enumerate(deltas):
             gs = [g if g is not None else torch.zeros_like(dl) for g, dl in zip(grads[i:i + len(st)], st)]
             i += len(st)
-            logn[k, l] = math.log(tnorm_of(gs))
+            logn[k, l] = math.log(R.tnorm(gs))
             for j, g in enumerate(gs):
                 n = float(g.norm())
                 logn_stream[k, l, j] = math.log(n) if n > 0 else -math.inf
@@ -1021,9 +1021,6 @@ def analyze_history(stack, x0, probes):
         },
     }
 
-
-def tnorm_of(tensors):
-    return math.sqrt(sum(float((t * t).sum()) for t in tensors))
 
 
 # [P] `qkv_norm` -> the q/k/v norm of gradflow_reference.attention that the page describes
