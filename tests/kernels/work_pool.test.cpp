@@ -34,21 +34,29 @@ bool same_bits(const Mat<float>& a, const Mat<float>& b) {
                     [](float x, float y) { return std::memcmp(&x, &y, sizeof(float)) == 0; });
 }
 
-// One run of `pieces` pieces that records how often each piece ran and on which threads.
+// One run of `pieces` pieces that records how often each piece ran and on which threads. With
+// `wait_for_another_thread`, the first piece to start holds its thread (yielding) until some other
+// thread has run a piece: a pool with more than one thread must then use a second one, however
+// late the scheduler gives it a core, so the test does not depend on timing. The wait gives up
+// after a minute so that a broken pool fails the check instead of hanging.
 struct RecordedRun {
   std::vector<std::atomic<int>> runs;
   std::mutex mutex;
   std::set<std::thread::id> threads;
-  RecordedRun(WorkPool& pool, int pieces, std::chrono::microseconds each = std::chrono::microseconds(0))
-      : runs(pieces) {
+  std::atomic<bool> first_started{false};
+  std::atomic<int> threads_seen{0};
+  RecordedRun(WorkPool& pool, int pieces, bool wait_for_another_thread = false) : runs(pieces) {
     pool.run(pieces, [&](int piece) {
       runs[piece].fetch_add(1);
       {
         const std::lock_guard<std::mutex> lock(mutex);
         threads.insert(std::this_thread::get_id());
+        threads_seen.store(static_cast<int>(threads.size()));
       }
-      const auto start = std::chrono::steady_clock::now();
-      while (std::chrono::steady_clock::now() - start < each) {
+      if (wait_for_another_thread && !first_started.exchange(true)) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (threads_seen.load() < 2 && std::chrono::steady_clock::now() < deadline)
+          std::this_thread::yield();
       }
     });
   }
@@ -77,33 +85,30 @@ TEST_CASE("WorkPool runs each piece exactly once, on several threads when it has
       CAPTURE(openmp);
       WorkPool pool(threads, openmp);
       CHECK(pool.threads() == threads);
-      std::size_t most_threads = 0;
       for (int round = 0; round < 50; ++round) {
         for (const int pieces : {0, 1, 5, 64}) {
-          RecordedRun run(pool, pieces, std::chrono::microseconds(pieces == 64 ? 20 : 0));
+          RecordedRun run(pool, pieces);
           REQUIRE(run.each_once());
-          most_threads = std::max(most_threads, run.threads.size());
+          if (threads == 1) CHECK(run.threads.size() <= 1);
         }
       }
-      // 64 pieces of 20 microseconds: the workers join in once the scheduler gives them a core,
-      // which on a loaded machine may take more than the 50 rounds above.
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (threads > 1 && most_threads < 2 && std::chrono::steady_clock::now() < deadline) {
-        RecordedRun run(pool, 64, std::chrono::microseconds(20));
+      // The first piece holds its thread until another has run one: only a pool that really
+      // hands pieces to a second thread passes, and no deadline decides it.
+      for (const int pieces : {2, 64}) {
+        CAPTURE(pieces);
+        RecordedRun run(pool, pieces, /*wait_for_another_thread=*/threads > 1);
         REQUIRE(run.each_once());
-        most_threads = std::max(most_threads, run.threads.size());
+        if (threads == 1) CHECK(run.threads.size() == 1);
+        if (threads > 1) CHECK(run.threads.size() > 1);
       }
-      if (threads == 1) CHECK(most_threads == 1);
-      if (threads > 1) CHECK(most_threads > 1);
     }
   }
 }
 
 TEST_CASE("WorkPool runs every piece in the calling thread's floating-point mode, on every thread") {
   // SubnormalsFlushed around an op (the backward pass) must hold on the workers too, or a figure
-  // could depend on which thread ran a piece. Each piece records its thread's mode; 64 pieces of
-  // 20 microseconds let the workers join in (not guaranteed on a loaded machine, so a pass where
-  // only the caller ran is repeated, up to a deadline).
+  // could depend on which thread ran a piece. Each piece records its thread's mode; the first
+  // piece holds its thread until another thread has run one, so at least two threads take part.
   for (const bool openmp : {false, true}) {
     CAPTURE(openmp);
     WorkPool pool(3, openmp);
@@ -115,20 +120,22 @@ TEST_CASE("WorkPool runs every piece in the calling thread's floating-point mode
       std::vector<unsigned> modes(64);
       std::set<std::thread::id> threads;
       std::mutex mutex;
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      do {
-        pool.run(64, [&](int piece) {
-          modes[piece] = float_mode();
-          {
-            const std::lock_guard<std::mutex> lock(mutex);
-            threads.insert(std::this_thread::get_id());
-          }
-          const auto start = std::chrono::steady_clock::now();
-          while (std::chrono::steady_clock::now() - start < std::chrono::microseconds(20)) {
-          }
-        });
-        CHECK(std::all_of(modes.begin(), modes.end(), [&](unsigned mode) { return mode == caller; }));
-      } while (threads.size() < 2 && std::chrono::steady_clock::now() < deadline);
+      std::atomic<bool> first_started{false};
+      std::atomic<int> threads_seen{0};
+      pool.run(64, [&](int piece) {
+        modes[piece] = float_mode();
+        {
+          const std::lock_guard<std::mutex> lock(mutex);
+          threads.insert(std::this_thread::get_id());
+          threads_seen.store(static_cast<int>(threads.size()));
+        }
+        if (!first_started.exchange(true)) {
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+          while (threads_seen.load() < 2 && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::yield();
+        }
+      });
+      CHECK(std::all_of(modes.begin(), modes.end(), [&](unsigned mode) { return mode == caller; }));
       CHECK(threads.size() > 1);
     }
   }
@@ -146,16 +153,10 @@ TEST_CASE("WorkPool runs every piece on the calling thread when its workers are 
   }
   blocker.released.store(true);
   pool.clear_idle_work();
-  // The worker is back. When it gets a core is up to the scheduler (under ctest -j2 another test
-  // may hold it for a time slice or more), so runs repeat until it joins one, for up to 10 s.
-  std::size_t most_threads = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (most_threads < 2 && std::chrono::steady_clock::now() < deadline) {
-    RecordedRun run(pool, 64, std::chrono::microseconds(50));
-    REQUIRE(run.each_once());
-    most_threads = std::max(most_threads, run.threads.size());
-  }
-  CHECK(most_threads == 2);
+  // The worker is back: with the first piece holding the caller, it must take the others.
+  RecordedRun run(pool, 64, /*wait_for_another_thread=*/true);
+  REQUIRE(run.each_once());
+  CHECK(run.threads.size() == 2);
 }
 
 TEST_CASE("WorkPool hands the lowest-numbered failure to the caller once no piece runs") {
