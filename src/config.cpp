@@ -330,7 +330,7 @@ double sublayer_forward_flops(const ModelConfig& config) {
   return flops / config.sublayers_per_block();
 }
 
-double estimated_memory_bytes(const ModelConfig& config, int stream_count) {
+double estimated_memory_bytes(const ModelConfig& config, int stream_count, int history_streams) {
   const double scalar = config.precision == Precision::f32 ? 4 : 8;
   const double d = config.width, t = config.seq,
                s = static_cast<double>(config.blocks) * config.sublayers_per_block();
@@ -363,8 +363,16 @@ double estimated_memory_bytes(const ModelConfig& config, int stream_count) {
   // keel depth 1024, 284 MB (299 MB); Llama-3.2-1B's block at depth 2, 1.00 GB (1.06 GB).
   const double update =
       config.update == UpdateRule::none ? 0 : states + 3 * (attention_weights + ffn_weights);
+  // A history (attend; StackRun, update.cpp), per stream read: every state's key (T x d and T
+  // inverse rms) and running sum, and in the backward pass its cotangent (K probes); --update keeps
+  // a stepped history (values, keys, running sums) per learning rate. Full AttnRes at depth 1024
+  // (keel's sizes, f32): 677 MB measured, this estimate 704 MB.
+  const double history_per_state =
+      (t * (d + 1) + t * d + k * t * d) +
+      (config.update == UpdateRule::none ? 0.0 : config.update_count() * t * (3 * d + 1));
+  const double history = history_streams * (s + 1) * history_per_state;
   constexpr double kBaseline = 16 << 20;  // binary, libraries, result arrays
-  return (states + weights + working + update) * scalar + figures + kBaseline;
+  return (states + weights + working + update + history) * scalar + figures + kBaseline;
 }
 
 // Measured on a 2-core machine: the defaults (keel, d = 256, T = 64, f32) take 2.7 ms per sublayer

@@ -58,9 +58,10 @@ struct Architecture {
   // x <- x + update with nothing else touching the stream, so x_S = x_0 + sum_l update_l exactly:
   // enables the exact stream decomposition (stream_decomposition, metrics.md).
   bool additive_stream = false;
-  // Some rule may read a history (attend, attention over depth): whether this run's sublayers do is
-  // decided from their graphs (StackRun), since a `when` may leave the rule unused.
-  bool may_read_history = false;
+  // How many streams some rule may read the history of (attend, attention over depth): an upper
+  // bound for the memory estimate; whether this run's sublayers do is decided from their graphs
+  // (StackRun), since a `when` may leave the rule unused.
+  int history_streams = 0;
   // Functions rather than plain pointers so that a placement file's definition
   // (placement_file.hpp) can be bound into them; built-in recipes assign capture-free lambdas.
   std::function<Constants(const ModelConfig&)> constants;

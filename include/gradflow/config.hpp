@@ -140,9 +140,11 @@ inline constexpr std::size_t kMaxLearningRates = 16;         // --lr: one steppe
 
 // Bytes an analysis of this configuration needs at peak (residual states plus one sublayer's
 // working set, and --update's stored cotangents and weight copies), used to refuse up front what
-// would not fit.
+// would not fit. history_streams: how many streams a placement's attend reads (an upper bound is
+// fine: every stream of a placement that may read one), whose keys, running sums and backward
+// cotangents are kept for every state, and, with --update, each learning rate's stepped history.
 // Computed in floating point, so that absurd sizes give a huge estimate, never a wrapped one.
-double estimated_memory_bytes(const ModelConfig& config, int stream_count);
+double estimated_memory_bytes(const ModelConfig& config, int stream_count, int history_streams = 0);
 // Floating-point operations of one sublayer's forward pass, averaged over the block's sublayers:
 // attention's projections (q and the output d x d, k and v d x kv_width), its T x T scores and
 // weighted sum, and the FFN's two matrices (three when gated). The unit of analyze's time estimate.

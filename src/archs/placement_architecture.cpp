@@ -5,6 +5,8 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <set>
+#include <string>
 #include <variant>
 
 #include "gradflow/errors.hpp"
@@ -55,30 +57,28 @@ double learning_rate_scale(const PlacementDefinition& def, const SublayerContext
   return value;
 }
 
-// Builds every sublayer's graph and evaluates every gain and option at this depth: a file's error
-// that depends on S surfaces here, before any work.
-bool mentions_attend(const placement::Expr& e) {
-  if (e.kind == placement::ExprKind::call && e.text == "attend") return true;
-  return std::any_of(e.args.begin(), e.args.end(),
-                     [](const placement::Expr& a) { return mentions_attend(a); });
+// The streams whose history some attend in the file reads (its first argument, a stream name).
+void attended_streams(const placement::Expr& e, std::set<std::string>& streams) {
+  if (e.kind == placement::ExprKind::call && e.text == "attend" && !e.args.empty())
+    streams.insert(e.args[0].text);
+  for (const placement::Expr& a : e.args) attended_streams(a, streams);
 }
 
-bool may_read_history(const PlacementDefinition& def) {
+int history_stream_count(const PlacementDefinition& def) {
+  std::set<std::string> streams;
   for (const placement::SublayerEntry& entry : def.sublayers)
     for (const placement::Statement& statement : entry.rule)
-      for (const placement::Expr& value : statement.values)
-        if (mentions_attend(value)) return true;
-  return false;
+      for (const placement::Expr& value : statement.values) attended_streams(value, streams);
+  return static_cast<int>(streams.size());
 }
 
 // The figure families that need the Jacobian of one sublayer with the earlier states held fixed,
 // or the one-step update (whose pass up the stack is Markov), are not defined for a placement that
 // reads a history yet; refused before any work rather than reported wrong.
 void check_history_families(const PlacementDefinition& def, const ModelConfig& config) {
-  const char* flag = config.exact_jacobian               ? "--exact-jacobian"
-                     : config.spectrum > 0               ? "--spectrum"
-                     : config.update != UpdateRule::none ? "--update"
-                                                         : nullptr;
+  const char* flag = config.exact_jacobian ? "--exact-jacobian"
+                     : config.spectrum > 0 ? "--spectrum"
+                                           : nullptr;
   if (flag != nullptr)
     throw InputError(
         fmt::format("--arch {} reads a history (attend): {} is not available for it yet, since its "
@@ -86,6 +86,8 @@ void check_history_families(const PlacementDefinition& def, const ModelConfig& c
                     def.id, flag, flag));
 }
 
+// Builds every sublayer's graph and evaluates every gain and option at this depth: a file's error
+// that depends on S surfaces here, before any work.
 void check_every_sublayer(const PlacementDefinition& def, const ModelConfig& config) {
   SublayerGraph scratch;
   const int streams = static_cast<int>(def.streams.size());
@@ -180,7 +182,7 @@ Architecture placement_architecture(const PlacementDefinition& def) {
   for (const std::string& name : def.streams) arch.streams.push_back(name);
   arch.initial_streams = static_cast<int>(def.streams.size());
   arch.additive_stream = def.additive;
-  arch.may_read_history = may_read_history(def);
+  arch.history_streams = history_stream_count(def);
   arch.unit_norm_weights = def.unit_norm_weights;
   if (!def.built_in) {  // a built-in's definition is the binary's; a file's travels with each run
     arch.source = def.path;

@@ -83,7 +83,7 @@ void add_model_options(CLI::App* sub, ModelOptions& options) {
       ->default_str("1e-3 with --update");
   sub->add_option("--update-params", options.update_params,
                   "What --update steps: matrices (every weight matrix, and with --bias every bias) or all "
-                  "(those and every norm's gain, gamma = 1 at init)")
+                  "(those, every norm's gain, gamma = 1 at init, and every attend's pseudo-query)")
       ->default_str("matrices");
 }
 
@@ -184,7 +184,8 @@ double check_memory(const ModelConfig& model, const std::vector<const Architectu
                     int threads, long long stored_runs) {
   double needed = 0, result = 0;
   for (const Architecture* arch : archs) {
-    needed = std::max(needed, estimated_memory_bytes(model, static_cast<int>(arch->streams.size())));
+    const int streams = static_cast<int>(arch->streams.size());
+    needed = std::max(needed, estimated_memory_bytes(model, streams, arch->history_streams));
     result = std::max(result, estimated_result_bytes(model, static_cast<int>(arch->streams.size())));
   }
   const double working = needed * concurrent, kept = result * static_cast<double>(stored_runs);

@@ -388,7 +388,8 @@ json plan_document(const SweepGrid& grid, const ModelConfig& model,
         std::find_if(archs.begin(), archs.end(), [&](const Architecture* a) { return a->id == cell.arch; });
     const int streams = static_cast<int>((*arch)->streams.size());
     const double seconds = estimated_run_seconds(config, 1);
-    const double bytes = estimated_memory_bytes(config, streams) + estimated_result_bytes(config, streams);
+    const double bytes = estimated_memory_bytes(config, streams, (*arch)->history_streams) +
+                         estimated_result_bytes(config, streams);
     const bool done = resumable && plan_sweep_cells(model, {cell}, cells_directory).front().complete();
     total_seconds += seconds, largest_bytes = std::max(largest_bytes, bytes), complete += done ? 1 : 0;
     rows.push_back({{"position", position},

@@ -35,7 +35,7 @@ StackRun<Scalar>::StackRun(const ModelConfig& config, const Architecture& arch, 
   if (config_.branch == BranchKind::model && threads >= 2) pool_ = std::make_unique<WorkPool>(threads);
   // Which streams' histories this run's sublayers read (attend nodes), from their graphs: a
   // placement's `when` may leave some entries unused at these sizes.
-  for (int l = 0; arch_.may_read_history && l < sublayers_; ++l) {
+  for (int l = 0; arch_.history_streams > 0 && l < sublayers_; ++l) {
     graph_.reset(arch_.initial_streams);
     arch_.build_sublayer(graph_, context(l));
     graph_.mark_history_streams(history_streams_);
@@ -103,7 +103,7 @@ void StackRun<Scalar>::point_history_at(int l) {
     earlier.clear();
     d_earlier.clear();
     if (history_keys_[s].empty()) continue;
-    if (!history_prefix_[s].empty()) history_.prefix[s] = &history_prefix_[s][l];
+    if (!history_prefix_[s].empty() && !full_reads_) history_.prefix[s] = &history_prefix_[s][l];
     if (history_backward_) history_.uniform_share[s] = &uniform_share_[s];
     for (int j = 0; j < l; ++j) {
       earlier.push_back({&states_[j][s], &history_keys_[s][j]});

@@ -78,6 +78,11 @@ class StackRun {
   // node's initial value); dL/dw of the last VJP's attend nodes per value id ((K, d); empty for
   // other values) when keep_query_gradients(true).
   void keep_query_gradients(bool keep) { history_.d_queries = keep ? &query_gradients_ : nullptr; }
+  // Every read takes all its sources, never the zero-query running sum: the pseudo-query's
+  // gradient (keep_query_gradients) needs the keys' path, which the running sum skips.
+  void read_history_in_full(bool full) { full_reads_ = full; }
+  // Per stream: some sublayer of this run reads its history (all false without a history).
+  const std::vector<bool>& history_streams() const { return history_streams_; }
   const std::vector<Mat<Scalar>>& query_gradients() const { return query_gradients_; }
 
   const SublayerGraph& graph() const { return graph_; }
@@ -128,6 +133,7 @@ class StackRun {
   std::vector<std::vector<Mat<Scalar>>> history_prefix_;
   std::vector<Mat<Scalar>> uniform_share_, uniform_later_;
   bool history_backward_ = false;
+  bool full_reads_ = false;
   std::vector<Mat<Scalar>> query_gradients_;
 };
 

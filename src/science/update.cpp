@@ -8,17 +8,78 @@
 // pass recomputes sublayer l from x_l, back-propagates the cotangent of x_{l+1} to sublayer l's
 // weight gradient, forms Delta theta_l, and runs sublayer l with theta_l + Delta theta_l on the
 // stepped state. The gradient is transient: memory is the states and the cotangents.
+//
+// A stack that reads a history (attend; docs/placement-files.md, "Reading a history") is stepped the
+// same way, with two additions. Stepped sublayer l reads the stepped states 0 .. l, so each learning
+// rate's pass keeps its own history (SteppedHistory). And with --update-params all the reads'
+// pseudo-queries w are parameters too (Kimi Team 2026, arXiv 2603.15031, Sec. 3.1: learned, zero at
+// init): dL/dw comes from the same backward as the gains, with every read taken in full (the
+// zero-query running sum has no keys' path), and w + Delta w is read in the stepped pass. Like a
+// bias, w starts at zero, so it has no step_rel; its <g, Delta w> is in update_loss.
 #include "update.hpp"
 
+#include "gradflow/depth_attention.hpp"
 #include "sums.hpp"
 
 namespace gradflow {
 
 namespace {
+// A stepped pass's history (a stack that reads one): per history stream, its value at every stepped
+// state so far with its key and the running sum before it, and the view the stepped reads take.
+template <typename Scalar>
+struct SteppedHistory {
+  std::vector<std::vector<Mat<Scalar>>> values, prefix;  // prefix[s][j]: stream s summed over 0 .. j-1
+  std::vector<std::vector<DepthKey<Scalar>>> keys;
+  DepthHistory<Scalar> view;
+  std::vector<Mat<Scalar>> queries;  // --update-params all: w + Delta w per value id of the sublayer
+};
+
+// Appends stepped state j (= the count so far) to the history streams' lists.
+template <typename Scalar>
+void add_to_history(SteppedHistory<Scalar>& history, const StackRun<Scalar>& run,
+                    const State<Scalar>& state) {
+  const std::vector<bool>& streams = run.history_streams();
+  history.values.resize(streams.size());
+  history.prefix.resize(streams.size());
+  history.keys.resize(streams.size());
+  for (std::size_t s = 0; s < streams.size(); ++s) {
+    if (!streams[s]) continue;
+    auto& values = history.values[s];
+    auto& prefix = history.prefix[s];
+    if (!run.hooks().attend_in_full)
+      prefix.push_back(values.empty() ? Mat<Scalar>::Zero(state[s].rows(), state[s].cols())
+                                      : Mat<Scalar>(prefix.back() + values.back()));
+    values.push_back(state[s]);
+    history.keys[s].emplace_back();
+    depth_key(state[s], run.config().norm_eps, history.keys[s].back());
+  }
+}
+
+// The view stepped sublayer l reads: states 0 .. l-1 of each history stream (the input is its own
+// source), their running sum, and the stepped pseudo-queries; no cotangents (a forward pass).
+template <typename Scalar>
+DepthHistory<Scalar>* point_at(SteppedHistory<Scalar>& history, int l, bool stepped_queries) {
+  DepthHistory<Scalar>& view = history.view;
+  const std::size_t streams = history.values.size();
+  view.earlier.assign(streams, {});
+  view.d_earlier.assign(streams, {});
+  view.prefix.assign(streams, nullptr);
+  view.uniform_share.assign(streams, nullptr);
+  for (std::size_t s = 0; s < streams; ++s) {
+    if (history.values[s].empty()) continue;
+    for (int j = 0; j < l; ++j) view.earlier[s].push_back({&history.values[s][j], &history.keys[s][j]});
+    if (!history.prefix[s].empty()) view.prefix[s] = &history.prefix[s][l];
+  }
+  view.queries = stepped_queries ? &history.queries : nullptr;
+  view.d_queries = nullptr;
+  return &view;
+}
+
 // One learning rate's pass in progress: the stepped state and its sums.
 template <typename Scalar>
 struct SteppedPass {
   State<Scalar> state;
+  SteppedHistory<Scalar> history;  // empty unless the stack reads a history
   double step_squares[kMatrixKindCount] = {};
   double gain_step_squares = 0;  // --update-params all: sum of Delta gamma^2 over every norm
   bool finite = true;
@@ -199,7 +260,26 @@ template <typename Scalar>
 struct SublayerStep {
   SublayerWeights<Scalar> gradient, step, stepped;
   std::vector<Mat<Scalar>> gain_gradient, gain_step, gain_stepped;
+  // --update-params all on a history: dL/dw of the sublayer's reads and w at init, per value id
+  // (empty for other values), and this learning rate's Delta w.
+  std::vector<Mat<Scalar>> query_gradient, query_init, query_step;
 };
+
+// The pseudo-queries' gradients of the sublayer whose backward just ran, and their values at init
+// (the attend node's constant in every entry).
+template <typename Scalar>
+void collect_query_gradients(const StackRun<Scalar>& run, SublayerStep<Scalar>& work) {
+  const SublayerGraph& graph = run.graph();
+  work.query_gradient = run.query_gradients();
+  work.query_gradient.resize(static_cast<std::size_t>(graph.value_count()));
+  work.query_init.assign(static_cast<std::size_t>(graph.value_count()), Mat<Scalar>());
+  for (std::size_t n = 0; n < graph.nodes().size(); ++n) {
+    const Node& node = graph.nodes()[n];
+    const std::size_t id = static_cast<std::size_t>(graph.input_count()) + n;
+    if (node.op == NodeOp::attend && work.query_gradient[id].size() != 0)
+      work.query_init[id].setConstant(1, work.query_gradient[id].cols(), static_cast<Scalar>(node.factor));
+  }
+}
 
 template <typename Scalar>
 void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, const std::vector<WeightSpec>& specs,
@@ -229,15 +309,28 @@ void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, const std::vect
     stepped_gains(work.gain_step, work.gain_stepped);
     branch.norm_gains = &work.gain_stepped;
   }
+  const bool stepped_queries = config.update_norm_gains && !work.query_gradient.empty();
+  if (stepped_queries) {  // w + Delta w for every read of the sublayer (empty elsewhere: its init)
+    loss += gain_step(config.update, lr, work.query_gradient, log_scale, work.query_step);
+    pass.history.queries.resize(work.query_step.size());
+    for (std::size_t id = 0; id < work.query_step.size(); ++id)
+      pass.history.queries[id] = work.query_step[id].size() != 0
+                                     ? Mat<Scalar>(work.query_init[id] + work.query_step[id])
+                                     : Mat<Scalar>();
+  }
   result.sublayers.at({Figure::update_loss, i + 1})[l] = loss;
   result.updates[i].delta_loss_first_order += loss;
   branch.weights = &work.stepped;
+  DepthHistory<Scalar>* const history = branch.history;
+  if (run.reads_history()) branch.history = point_at(pass.history, l, stepped_queries);
   run.executor().forward(run.graph(), pass.state, branch);
   branch.weights = &weights;
   branch.norm_gains = nullptr;
+  branch.history = history;
   pass.state.resize(run.graph().outputs().size());
   for (std::size_t s = 0; s < pass.state.size(); ++s)
     pass.state[s] = run.executor().value(run.graph().outputs()[s]);
+  if (run.reads_history()) add_to_history(pass.history, run, pass.state);
   pass.finite = record_moved_state(result, i, l + 1, pass.state, run.state(l + 1));
   if (!pass.finite) result.updates[i].diverged_state = l + 1;
 }
@@ -258,7 +351,12 @@ void compute_update(SeedAnalysis<Scalar>& analysis) {
     result.updates[i].learning_rate = config.learning_rates[i];
     result.updates[i].delta_loss_first_order = 0.0;
     record_moved_state(result, i, 0, passes[i].state, run.state(0));
+    if (run.reads_history()) add_to_history(passes[i].history, run, passes[i].state);
   }
+  // --update-params all on a history: the backward below also gives dL/dw of every read.
+  const bool query_gradients = run.reads_history() && config.update_norm_gains;
+  run.read_history_in_full(query_gradients);
+  run.keep_query_gradients(query_gradients);
   // One set of buffers per branch op, so that attention's and the FFN's are each sized once.
   std::vector<SublayerStep<Scalar>> work_by_op(branch_ops().size());
   for (int l = 0; l < run.sublayers(); ++l) {
@@ -274,10 +372,13 @@ void compute_update(SeedAnalysis<Scalar>& analysis) {
     for (std::size_t m = 0; m < specs.size(); ++m)
       weight_squares[static_cast<int>(specs[m].role)] += squares[m];
     if (config.update_norm_gains) gain_squares += gain_count(work.gain_gradient);
+    if (query_gradients) collect_query_gradients(run, work);
     for (int i = 0; i < count; ++i) {
       if (passes[i].finite) step_sublayer(analysis, l, i, specs, branch, work, passes[i]);
     }
   }
+  run.read_history_in_full(false);
+  run.keep_query_gradients(false);
   HeadGains<Scalar> head;
   if (config.update_norm_gains) head_gain_gradient(run, head.gradient);
   for (int i = 0; i < count; ++i) {

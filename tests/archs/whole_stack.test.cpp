@@ -292,3 +292,55 @@ TEST_CASE("attend's uniform-read shortcut gives the figures of the full read") {
     CHECK((fast.gradient - slow.gradient).norm() <= 1e-12 * slow.gradient.norm());
   }
 }
+
+// Issue 30, acceptance 1 (the pseudo-query's gradient): under --update-params all every read's
+// pseudo-query w is a parameter (update.cpp), and the first-order change of the loss,
+// delta_loss_first_order = sum <g, Delta theta> over the matrices, the gains and every w, must be the
+// measured change to first order. With SGD, Delta theta = -eta g: the central difference
+// (Delta L(eta) - Delta L(-eta)) / 2 removes the eta^2 term, so it matches to O(eta^3). A wrong dL/dw
+// moves the prediction and the measurement apart by its share (w's share of the step is large: a
+// gradient scaled by 1.5 moves the one-sided difference by 18%).
+TEST_CASE("a placement reading a history: one step's first-order Delta L, pseudo-queries included, matches "
+          "central differences (float64)") {
+  const double eta = 1e-6;
+  for (const double query : {0.0, 0.3}) {
+    const Architecture arch = load_placement_text("attnres-history-test.toml", attnres_history_text(query));
+    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
+      for (const NormKind norm : {NormKind::rms, NormKind::layer}) {
+        ModelConfig config = small_config();
+        config.block = block;
+        config.norm = norm;
+        config.update = UpdateRule::sgd;
+        config.update_norm_gains = true;
+        config.learning_rates = {eta, -eta};
+        CAPTURE(query);
+        CAPTURE(to_string(block));
+        CAPTURE(to_string(norm));
+        const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 3);
+        REQUIRE(run.updates.size() == 2);
+        const UpdateStep& up = run.updates[0];
+        const UpdateStep& down = run.updates[1];
+        CHECK(up.delta_loss_first_order < 0);
+        CHECK(down.delta_loss_first_order == doctest::Approx(-up.delta_loss_first_order).epsilon(1e-12));
+        const double central = (up.delta_loss - down.delta_loss) / 2;
+        const double error = std::abs(central - up.delta_loss_first_order) / std::abs(up.delta_loss_first_order);
+        MESSAGE("attnres with a history, query ", query, ": --update-params all, central-difference error ",
+                error);
+        CHECK(error <= testing::kFiniteDifferenceTolerance);
+      }
+    }
+  }
+}
+
+// The memory estimate's history term counts the streams some attend reads (Architecture::
+// history_streams): v in Full AttnRes (not h), both in two-histories.toml, none in a plain file.
+TEST_CASE("a placement file's history streams are the streams its attends read") {
+  CHECK(load_placement_text("attnres-history-test.toml", attnres_history_text(0.0)).history_streams == 1);
+  const std::string two = std::string(GRADFLOW_TEST_DIR) + "/placements/history/two-histories.toml";
+  std::ifstream file(two);
+  std::stringstream text;
+  text << file.rdbuf();
+  CHECK(load_placement_text("two-histories.toml", text.str()).history_streams == 2);
+  CHECK(find_architecture("attnres").history_streams == 0);
+  CHECK(find_architecture("keel").history_streams == 0);
+}

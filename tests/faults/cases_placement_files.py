@@ -132,8 +132,7 @@ CASES = [
                                                         "-o", "{dir}/out.json"],
            message=rf"--arch bad reads a history \(attend\): {flag} is not available for it yet",
            files={"p.toml": HEAD + rule("o = F(N(x)); x <- attend(x, o)")})
-      for flag, extra in (("--update", ["--update", "sgd"]), ("--spectrum", ["--spectrum", "2"]),
-                          ("--exact-jacobian", ["--exact-jacobian"]))],
+      for flag, extra in (("--spectrum", ["--spectrum", "2"]), ("--exact-jacobian", ["--exact-jacobian"]))],
     placement("option that refuses without saying what it sets",
               '[options.ratio]\nhelp = "h"\ndefault = 0.5\nwhen_unused = "refuse"\n' + rule("x <- x + F(N(x))"),
               r"option 'ratio' refuses runs without it: say what it sets"),

@@ -8,7 +8,10 @@ within compare.py's tolerance for the pseudo-query at 0 (the paper's init: unifo
 softmax that is not uniform, with the keys' gradient path), for --block attn-ffn and ffn, --norm rms and
 layer (f64). Two more fixtures: two-histories.toml (two history streams, three reads a sublayer, one inside
 F's input) and attend-when.toml (only attention sublayers read a history: with --block ffn none does, so
-the run is Markov, skip_gain is reported and --spectrum runs). A negative control reads the history of the
+the run is Markov, skip_gain is reported and --spectrum runs). Every comparison also runs --update (issue 30,
+acceptance 1 and 2): one optimizer step with a stepped history, and under --update-params all every read's
+pseudo-query stepped too, against the reference's own step (gradflow_reference.model_update with
+PseudoQueries); a comparison without its update rows fails. A negative control reads the history of the
 wrong stream (h instead of v) in gradflow's copy only and requires the comparison to fail.
 
 Usage: test_attend_reference.py GRADFLOW_BINARY REPOSITORY_ROOT
@@ -23,6 +26,7 @@ BINARY, ROOT = sys.argv[1], sys.argv[2]
 HISTORY = os.path.join(ROOT, "tests", "placements", "history")
 FIXTURE = os.path.join(HISTORY, "attnres-history.toml")
 COMPARE = os.path.join(ROOT, "tests", "reference", "compare.py")
+ALL_SGD = ("--update", "sgd", "--update-params", "all")
 
 
 def variant(tmp, name, query):
@@ -38,7 +42,10 @@ def variant(tmp, name, query):
 def compare(path, *args):
     proc = subprocess.run([sys.executable, COMPARE, "--gradflow", BINARY, "--arch", path, "--strict", *args],
                           capture_output=True, text=True)
-    return proc.returncode, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    # the update's rows (U:...) must have been compared, not skipped
+    updated = "--update" not in args or "delta_loss_first_order" in out
+    return (proc.returncode if updated else 1), out
 
 
 def main():
@@ -48,13 +55,23 @@ def main():
             path = variant(tmp, f"attnres-history-q{query}", query)
             for block in ("attn-ffn", "ffn"):
                 for norm in ("rms", "layer"):
-                    code, out = compare(path, "--block", block, "--norm", norm, "--depth", "3")
+                    code, out = compare(path, "--block", block, "--norm", norm, "--depth", "3", *ALL_SGD)
                     ok = code == 0 and "=OK" in out
-                    print(f"{'ok  ' if ok else 'FAIL'} query {query}, --block {block}, --norm {norm}")
+                    print(f"{'ok  ' if ok else 'FAIL'} query {query}, --block {block}, --norm {norm}, "
+                          f"{' '.join(ALL_SGD)}")
                     if not ok:
                         failures.append(out)
-        for name, args in (("two-histories", ("--block", "attn-ffn")), ("two-histories", ("--block", "ffn")),
-                           ("attend-when", ("--block", "attn-ffn")), ("attend-when", ("--block", "ffn"))):
+        nonzero = variant(tmp, "attnres-history-q0.3", 0.3)
+        for update in (("--update", "adam", "--update-params", "all"), ("--update", "adam")):
+            code, out = compare(nonzero, "--block", "attn-ffn", "--depth", "3", *update)
+            ok = code == 0 and "=OK" in out
+            print(f"{'ok  ' if ok else 'FAIL'} query 0.3, --block attn-ffn, {' '.join(update)}")
+            if not ok:
+                failures.append(out)
+        adam_all = ("--update", "adam", "--update-params", "all")
+        for name, args in (("two-histories", ("--block", "attn-ffn", *adam_all)),
+                           ("two-histories", ("--block", "ffn", *adam_all)),
+                           ("attend-when", ("--block", "attn-ffn", *ALL_SGD)), ("attend-when", ("--block", "ffn"))):
             code, out = compare(os.path.join(HISTORY, name + ".toml"), *args, "--depth", "3")
             ok = code == 0 and "=OK" in out
             print(f"{'ok  ' if ok else 'FAIL'} {name} {' '.join(args)}")

@@ -901,6 +901,29 @@ class GainedNorm:
         return g * self.norm(x)
 
 
+class PseudoQueries:
+    """--update-params all on a stack that reads a history ([P] attend): every read's pseudo-query w (length d,
+    q in every entry at init; Kimi Team 2026, arXiv 2603.15031, Sec. 3.1) is a parameter. Keyed by (sublayer,
+    read index within it), created on first use as torch leaves or taken from `fixed` (the stepped ones)."""
+
+    def __init__(self, fixed=None):
+        self.queries, self.fixed, self.key, self.index = {}, fixed, None, 0
+
+    def start(self, key):
+        self.key, self.index = key, 0
+
+    def __call__(self, l, q, V):
+        k = (self.key, self.index)
+        self.index += 1
+        if self.fixed is not None:
+            return self.fixed[k]
+        w = self.queries.get(k)
+        if w is None:
+            w = torch.full((V.shape[-1],), float(q), dtype=V.dtype, requires_grad=True)
+            self.queries[k] = w
+        return w
+
+
 def _optimizer_step(rule, lr, g):
     return -lr * g if rule == "sgd" else -lr * g / (g.abs() + 1e-8)
 
@@ -912,20 +935,28 @@ def model_update(stack, x0, probe, rule, lr, params_mode="matrices"):
       Adam: Delta W = -lr g / (|g| + 1e-8)  (Kingma & Ba 2014, arXiv 1412.6980, Alg. 1: the first step's
             bias-corrected m^ = g, v^ = g^2)
     params_mode "all" (--update-params all): every norm call's gain gamma takes the same step (GainedNorm);
-    the q/k/v norms inside attention (stack.QN) keep gamma = 1, as in gradflow."""
+    the q/k/v norms inside attention (stack.QN) keep gamma = 1, as in gradflow. A stack that reads a history
+    ([P] attend, placement_file.py) reads the (stepped) states before each sublayer, and with "all" every read's
+    pseudo-query w takes the step too (PseudoQueries); w starts at zero, so, like a bias, it has no step_rel."""
     states, _, _ = stack.forward(x0)
     base, base_norm = stack.W, stack.N
+    history = bool(getattr(stack, "history_streams", None))
 
-    def run(weights, norm):
+    def run(weights, norm, queries=None):
         stack.W = weights
         if norm is not None:
             stack.N = norm
+        if history:
+            stack.Q = queries
         state, out = stack.init_state(x0), []
         out.append(state)
         for l in range(stack.S):
             if norm is not None:
                 norm.start(l)
-            state = stack.sublayer(l, state)[0]
+            if queries is not None:
+                queries.start(l)
+            kw = {"history": stack.history_at(l, out)} if history else {}
+            state = stack.sublayer(l, state, **kw)[0]
             out.append(state)
         if norm is not None:
             norm.start("head")
@@ -934,35 +965,46 @@ def model_update(stack, x0, probe, rule, lr, params_mode="matrices"):
     try:
         params = [{n: t.clone().requires_grad_(True) for n, t in Wl.items()} for Wl in base]
         gained = GainedNorm(base_norm) if params_mode == "all" else None
+        queried = PseudoQueries() if params_mode == "all" and history else None
         with torch.enable_grad():
-            _, y = run(params, gained)
+            _, y = run(params, gained, queried)
             loss = (probe * y).sum()
             flat = [t for Wl in params for t in Wl.values()]
             gain_keys = list(gained.gains) if gained else []
-            all_grads = torch.autograd.grad(loss, flat + [gained.gains[k] for k in gain_keys])
+            query_keys = list(queried.queries) if queried else []
+            all_grads = torch.autograd.grad(loss, flat + [gained.gains[k] for k in gain_keys] +
+                                            [queried.queries[k] for k in query_keys])
         grads = iter(g.detach() for g in all_grads[:len(flat)])
         grads = [{n: next(grads) for n in Wl} for Wl in params]
-        gain_grads = {k: g.detach() for k, g in zip(gain_keys, all_grads[len(flat):])}
+        gain_grads = {k: g.detach() for k, g in zip(gain_keys, all_grads[len(flat):len(flat) + len(gain_keys)])}
+        query_grads = {k: g.detach() for k, g in zip(query_keys, all_grads[len(flat) + len(gain_keys):])}
         # a placement's depth-scaled learning rate (its file's learning_rate_scale) for sublayer l's
         # parameters; the output head ("head") keeps lr
         scale = lambda l: stack.learning_rate_scale(l, rule)
         steps = [{n: _optimizer_step(rule, lr * scale(l), g) for n, g in Gl.items()} for l, Gl in enumerate(grads)]
         gain_steps = {k: _optimizer_step(rule, lr * (1.0 if k[0] == "head" else scale(k[0])), g)
                       for k, g in gain_grads.items()}
+        query_steps = {k: _optimizer_step(rule, lr * scale(k[0]), g) for k, g in query_grads.items()}
         with torch.no_grad():
             y = y.detach()
             stepped_norm = (GainedNorm(base_norm, {k: 1.0 + st for k, st in gain_steps.items()})
                             if gained else None)
+            stepped_queries = (PseudoQueries({k: queried.queries[k].detach() + st for k, st in query_steps.items()})
+                               if queried else None)
             moved_states, moved_y = run([{n: base[l][n] + st[n] for n in st} for l, st in enumerate(steps)],
-                                        stepped_norm)
+                                        stepped_norm, stepped_queries)
     finally:
         stack.W, stack.N = base, base_norm
+        if history:
+            stack.Q = None
     diffs = [tuple(a - b for a, b in zip(m, o)) for m, o in zip(moved_states, states)]
     update_loss = [sum(float((grads[l][n] * steps[l][n]).sum()) for n in steps[l]) for l in range(stack.S)]
     gain_loss = {k: float((gain_grads[k] * gain_steps[k]).sum()) for k in gain_keys}
     for (key, _), value in gain_loss.items():
         if key != "head":
             update_loss[key] += value
+    for (key, _), g in query_grads.items():  # a read's <g, Delta w> is its sublayer's
+        update_loss[key] += float((g * query_steps[(key, _)]).sum())
     first_order = sum(update_loss) + sum(v for (key, _), v in gain_loss.items() if key == "head")
     step_sq, weight_sq = {}, {}
     for l in range(stack.S):

@@ -779,6 +779,7 @@ class FileStack:
         if _attended(placement.output):
             raise FileError(f"{placement.source}: attend(...) is not allowed in the output head")
         self.admin_w = None
+        self.Q = None  # --update-params all: gradflow_reference.PseudoQueries, the reads' w as parameters
         self.where = [self._where(l) for l in range(self.S)]
         placement.check_requires(self._where(self.S - 1))  # [P] before the constants; a fresh cache
         self.entries = [placement.entry_for(w) for w in self.where]  # every sublayer checked before any work
@@ -912,7 +913,7 @@ class Evaluation:
         q = self.where.value(node.args[2]) if len(node.args) == 3 else 0.0
         V = torch.stack(list(self.history.get(stream, [])) + [self.inputs[stream], extra])
         keys = R.rms_norm(V, self.st.ops["eps"])
-        w = torch.full((V.shape[-1],), q, dtype=V.dtype)
+        w = torch.full((V.shape[-1],), q, dtype=V.dtype) if self.st.Q is None else self.st.Q(self.l, q, V)
         alpha = torch.einsum("d,ntd->nt", w, keys).softmax(dim=0)
         return torch.einsum("nt,ntd->td", alpha, V)
 
