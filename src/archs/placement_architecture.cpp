@@ -72,18 +72,15 @@ int history_stream_count(const PlacementDefinition& def) {
   return static_cast<int>(streams.size());
 }
 
-// The figure families that need the Jacobian of one sublayer with the earlier states held fixed,
-// or the one-step update (whose pass up the stack is Markov), are not defined for a placement that
-// reads a history yet; refused before any work rather than reported wrong.
+// --spectrum's subspace iteration needs the JVP of one sublayer, which holds the earlier states
+// fixed: its forward sweep is not defined for a placement that reads a history yet; refused before
+// any work rather than reported wrong. (--update and --exact-jacobian take a history.)
 void check_history_families(const PlacementDefinition& def, const ModelConfig& config) {
-  const char* flag = config.exact_jacobian ? "--exact-jacobian"
-                     : config.spectrum > 0 ? "--spectrum"
-                                           : nullptr;
-  if (flag != nullptr)
+  if (config.spectrum > 0)
     throw InputError(
-        fmt::format("--arch {} reads a history (attend): {} is not available for it yet, since its "
-                    "sublayers are not Markov; run without {}",
-                    def.id, flag, flag));
+        fmt::format("--arch {} reads a history (attend): --spectrum is not available for it yet, since its "
+                    "sublayers are not Markov; run without --spectrum",
+                    def.id));
 }
 
 // Builds every sublayer's graph and evaluates every gain and option at this depth: a file's error

@@ -204,10 +204,14 @@ BranchContext<Scalar> StackRun<Scalar>::recompute_for_backward(int l, bool in_fu
 
 template <typename Scalar>
 void StackRun<Scalar>::vjp(int i, const State<Scalar>& d_outputs, State<Scalar>& d_inputs) {
-  if (reads_history())  // one sublayer's VJP would hold the earlier states fixed: not the stack's
-    throw std::logic_error("StackRun::vjp of a stack that reads a history");
+  // A history stack's sublayer: outside a history backward its VJP would hold the earlier states
+  // fixed, which is not the stack's; inside one it adds their shares and completes x_i's cotangent.
+  const bool sublayer_of_history = reads_history() && i < sublayers_;
+  if (sublayer_of_history && !history_backward_)
+    throw std::logic_error("StackRun::vjp of a history stack's sublayer outside begin_history_backward");
   const auto branch = recompute(i);
   executor_.backward(graph_, d_outputs, true, branch, d_inputs);
+  if (sublayer_of_history) add_history_cotangent(i, d_inputs);
 }
 
 template <typename Scalar>

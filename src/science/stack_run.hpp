@@ -58,7 +58,9 @@ class StackRun {
   // meanwhile: l - 1 for the backward pass, l + 1 for --update's pass up the stack.
   BranchContext<Scalar> recompute_for_backward(int l, bool in_full, int next);
   // Vector-Jacobian product of sublayer i (recomputed first): cotangents of x_{i+1} (of y for
-  // i == S) to cotangents of x_i.
+  // i == S) to cotangents of x_i. For a stack that reads a history, sublayer i's VJP is only defined
+  // inside begin_history_backward .. end_history_backward (below), where it also adds state i's
+  // history cotangent: d_inputs is then the whole dL/dx_i.
   void vjp(int i, const State<Scalar>& d_outputs, State<Scalar>& d_inputs);
   // Jacobian-vector product of sublayer i (recomputed first): tangents of x_i to those of x_{i+1}.
   void jvp(int i, const State<Scalar>& d_inputs, State<Scalar>& d_outputs);

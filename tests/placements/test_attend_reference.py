@@ -11,7 +11,9 @@ F's input) and attend-when.toml (only attention sublayers read a history: with -
 the run is Markov, skip_gain is reported and --spectrum runs). Every comparison also runs --update (issue 30,
 acceptance 1 and 2): one optimizer step with a stepped history, and under --update-params all every read's
 pseudo-query stepped too, against the reference's own step (gradflow_reference.model_update with
-PseudoQueries); a comparison without its update rows fails. A negative control reads the history of the
+PseudoQueries); a comparison without its update rows fails. --exact-jacobian's Frobenius and spectral norms of
+J_{l->out} at every state agree with the reference's (placement_file.exact_jacobian_history: autograd through the
+whole history, one backward per output coordinate) within 1e-10 in log10. A negative control reads the history of the
 wrong stream (h instead of v) in gradflow's copy only and requires the comparison to fail.
 
 Usage: test_attend_reference.py GRADFLOW_BINARY REPOSITORY_ROOT
@@ -88,6 +90,28 @@ def main():
         print(f"{'ok  ' if markov else 'FAIL'} attend-when --block ffn is a Markov run (skip_gain {skip})")
         if not markov:
             failures.append("attend-when with --block ffn reported a null skip_gain")
+        # --exact-jacobian: the exact J_{l->out} through every later read, against autograd's
+        sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+        import placement_file as PF
+        for query in (0, 0.3):
+            path = variant(tmp, f"attnres-history-q{query}", query)
+            for block in ("attn-ffn", "ffn"):
+                export, out = os.path.join(tmp, "exact.safetensors"), os.path.join(tmp, "exact.json")
+                subprocess.run([BINARY, "analyze", "--arch", path, "--block", block, "--depth", "3", "--width", "8",
+                                "--heads", "2", "--seq", "4", "--precision", "f64", "--exact-jacobian", "--no-timing",
+                                "-q", "--export-weights", export, "-o", out], check=True)
+                with open(out) as f:
+                    ours = json.load(f)["runs"][0]["seeds"][0]["states"]
+                stack, x0, _, _, _ = PF.build_from_export(PF.load(path), export, {"block": block})
+                fro, spectral = PF.exact_jacobian_history(stack, x0)
+                gap = max(max(abs(a - b) for a, b in zip(ours["log10_jacobian_fro_exact"], fro)),
+                          max(abs(a - b) for a, b in zip(ours["log10_jacobian_spectral_exact"], spectral)))
+                ok = gap <= 1e-10
+                print(f"{'ok  ' if ok else 'FAIL'} --exact-jacobian, query {query}, --block {block}: largest log10 "
+                      f"gap {gap:.2e} over {len(fro)} states")
+                if not ok:
+                    failures.append(f"--exact-jacobian query {query} {block}: gradflow {ours['log10_jacobian_fro_exact']}"
+                                    f" reference {fro}")
         # negative control: gradflow runs a copy whose reads take h's history instead of v's, the reference
         # interpreter reads the right file on gradflow's exported weights; their gradients must differ.
         wrong = variant(tmp, "attnres-history-wrong", 0.3)

@@ -1024,6 +1024,35 @@ def analyze_history(stack, x0, probes):
 
 
 
+def exact_jacobian_history(stack, x0):
+    """gradflow --exact-jacobian for a stack that reads a history ([P] attend): J_{l->out} = dy/dx_l, x_l
+    perturbed wherever it is read (sublayer l and every later read of its history), one autograd backward per
+    output coordinate through the whole forward pass with a zero perturbation per state and stream. Returns
+    per state log10 of its Frobenius and spectral norms."""
+    states, _, _ = stack.forward(x0)
+    with torch.enable_grad():
+        deltas = [tuple(torch.zeros_like(t, requires_grad=True) for t in st) for st in states]
+        state = tuple(t + dl for t, dl in zip(stack.init_state(x0), deltas[0]))
+        perturbed = [state]
+        for l in range(stack.S):
+            new, _, _ = stack.sublayer(l, state, history=stack.history_at(l, perturbed))
+            state = tuple(t + dl for t, dl in zip(new, deltas[l + 1]))
+            perturbed.append(state)
+        y = stack.output(state).reshape(-1)
+        flat = [dl for st in deltas for dl in st]
+        rows = []
+        for c in range(y.numel()):
+            grads = torch.autograd.grad(y[c], flat, retain_graph=True, allow_unused=True)
+            rows.append([g if g is not None else torch.zeros_like(dl) for g, dl in zip(grads, flat)])
+    fro, spectral, i = [], [], 0
+    for st in deltas:
+        J = torch.stack([torch.cat([r[i + j].reshape(-1) for j in range(len(st))]) for r in rows])
+        i += len(st)
+        fro.append(math.log10(float(J.norm())))
+        spectral.append(math.log10(float(torch.linalg.matrix_norm(J, ord=2))))
+    return fro, spectral
+
+
 # [P] `qkv_norm` -> the q/k/v norm of gradflow_reference.attention that the page describes
 QK_VARIANTS = {"none": "none", "per_head_qkv": "qkv-per-head", "full_qk": "qk-full", "per_head_qk_unit": "ngpt"}
 
