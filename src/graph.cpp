@@ -392,20 +392,32 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
         d_out.setZero(rows, values_[id].cols());
         unit_rows_backward(1, values_[id], norm_stats_[id], d_a, d_out);
         break;
-      case NodeOp::attend:  // the earlier states are held fixed: zero tangents
+      case NodeOp::attend: {  // the earlier states' tangents if the history has them, else zero
+        const auto lhs = static_cast<std::size_t>(node.lhs);
+        const auto& t_prefix = context.history->t_prefix;
+        const auto& t_earlier = context.history->t_earlier;
         if (uniform_[id]) {
           d_out = d_a + cotangents_[node.rhs];
+          if (lhs < t_prefix.size() && t_prefix[lhs] != nullptr) d_out += *t_prefix[lhs];
           d_out *= uniform_weight(node, context);
           break;
         }
         gather_sources(node, id, context);
-        zero_tangent_.setZero(rows, values_[id].cols());
-        tangents_.assign(sources_.size() - 2, &zero_tangent_);
+        const std::size_t earlier = sources_.size() - 2;
+        if (lhs < t_earlier.size() && !t_earlier[lhs].empty()) {
+          if (t_earlier[lhs].size() != earlier)
+            throw std::logic_error("an attend node's history tangents do not match its earlier states");
+          tangents_.assign(t_earlier[lhs].begin(), t_earlier[lhs].end());
+        } else {
+          zero_tangent_.setZero(rows, values_[id].cols());
+          tangents_.assign(earlier, &zero_tangent_);
+        }
         tangents_.push_back(&d_a);
         tangents_.push_back(&cotangents_[node.rhs]);
         depth_attention_jvp<Scalar>(sources_, query(node, id, context), reads_[id], tangents_, nullptr,
                                     d_out);
         break;
+      }
       case NodeOp::branch:
         if (context.branch == BranchKind::rotation) {
           rotation_forward(d_a, d_out);

@@ -99,12 +99,18 @@ class SublayerGraph {
 // backward adds a g to uniform_share[s] once, every earlier state's share being that same a g, and
 // the stack spreads it (StackRun::add_history_cotangent). Without uniform_share those shares are
 // dropped, as without d_earlier.
+//
+// A JVP through the history (--spectrum's forward sweep over a stack that reads one): t_earlier[s]
+// holds the tangent of each earlier state (as earlier[s]; empty: the earlier states are held fixed,
+// zero tangents), and t_prefix[s] their sum, for the uniform reads.
 template <typename Scalar>
 struct DepthHistory {
   std::vector<std::vector<DepthSource<Scalar>>> earlier;
   std::vector<std::vector<Mat<Scalar>*>> d_earlier;
   std::vector<const Mat<Scalar>*> prefix;
   std::vector<Mat<Scalar>*> uniform_share;
+  std::vector<std::vector<const Mat<Scalar>*>> t_earlier;
+  std::vector<const Mat<Scalar>*> t_prefix;
   const std::vector<Mat<Scalar>>* queries = nullptr;
   std::vector<Mat<Scalar>>* d_queries = nullptr;
 };
@@ -123,7 +129,7 @@ struct BranchContext {
   // unset or empty: gamma = 1. The forward pass only: backward and jvp are taken at gamma = 1.
   const std::vector<Mat<Scalar>>* norm_gains = nullptr;
   // attend nodes: the earlier sources they read (and, in the backward, where their shares go).
-  // The JVP holds the earlier states fixed: their tangents are zero.
+  // The JVP holds the earlier states fixed (zero tangents) unless the history gives their tangents.
   DepthHistory<Scalar>* history = nullptr;
 };
 

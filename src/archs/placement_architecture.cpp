@@ -72,17 +72,6 @@ int history_stream_count(const PlacementDefinition& def) {
   return static_cast<int>(streams.size());
 }
 
-// --spectrum's subspace iteration needs the JVP of one sublayer, which holds the earlier states
-// fixed: its forward sweep is not defined for a placement that reads a history yet; refused before
-// any work rather than reported wrong. (--update and --exact-jacobian take a history.)
-void check_history_families(const PlacementDefinition& def, const ModelConfig& config) {
-  if (config.spectrum > 0)
-    throw InputError(
-        fmt::format("--arch {} reads a history (attend): --spectrum is not available for it yet, since its "
-                    "sublayers are not Markov; run without --spectrum",
-                    def.id));
-}
-
 // Builds every sublayer's graph and evaluates every gain and option at this depth: a file's error
 // that depends on S surfaces here, before any work.
 void check_every_sublayer(const PlacementDefinition& def, const ModelConfig& config) {
@@ -92,7 +81,6 @@ void check_every_sublayer(const PlacementDefinition& def, const ModelConfig& con
     const placement::Position at = placement::position_of(config, l);
     scratch.reset(streams);
     placement::build_sublayer_graph(def, scratch, at);
-    if (scratch.reads_history()) check_history_families(def, config);  // at this run's sizes: `when` decides
     const Constants none;
     const SublayerContext ctx{config, none, l, at.block, at.kind};
     for (int m = 0; m < 6; ++m) init_gain(def, ctx, static_cast<WeightMatrix>(m));

@@ -28,8 +28,37 @@ struct ForwardSweep {
   Eigen::MatrixXd r_total;  // (P, P) upper triangular
   double log_scale = 0;
 };
+//
+// A stack that reads a history (attend) carries every earlier state's tangent to the later reads
+// (StackRun::begin_history_forward): re-orthonormalising at state i would have to transform all of
+// them, so its sweep takes one QR, of J V at the output, and keeps the states' own scale.
+template <typename Scalar>
+ForwardSweep forward_sweep_through_history(StackRun<Scalar>& run, int l, const Eigen::MatrixXd& v) {
+  const Eigen::Index columns = v.cols();
+  ForwardSweep sweep{{}, Eigen::MatrixXd::Identity(columns, columns), 0.0};
+  State<Scalar> tangent, next;
+  run.unflatten(v, run.state(l).size(), tangent);
+  run.begin_history_forward(l);
+  for (int i = l; i <= run.sublayers(); ++i) {
+    run.jvp(i, tangent, next);
+    std::swap(tangent, next);
+  }
+  run.end_history_forward();
+  const Eigen::MatrixXd m = run.flatten(tangent, columns);
+  Eigen::HouseholderQR<Eigen::MatrixXd> qr(m);
+  sweep.q = qr.householderQ() * Eigen::MatrixXd::Identity(m.rows(), columns);
+  sweep.r_total = qr.matrixQR().topRows(columns).template triangularView<Eigen::Upper>();
+  const double scale = sweep.r_total.norm();
+  if (scale > 0 && std::isfinite(scale)) {
+    sweep.r_total /= scale;
+    sweep.log_scale = std::log(scale);
+  }
+  return sweep;
+}
+
 template <typename Scalar>
 ForwardSweep forward_sweep(StackRun<Scalar>& run, int l, const Eigen::MatrixXd& v) {
+  if (run.reads_history()) return forward_sweep_through_history(run, l, v);
   const Eigen::Index columns = v.cols();
   ForwardSweep sweep{{}, Eigen::MatrixXd::Identity(columns, columns), 0.0};
   State<Scalar> tangent, next;
@@ -51,10 +80,21 @@ ForwardSweep forward_sweep(StackRun<Scalar>& run, int l, const Eigen::MatrixXd& 
 }
 
 // orth(J_{l->out}^T U) for U (m, P): backward sweep with QR at every state (only the span matters).
+// A stack that reads a history runs it as a history backward (StackRun::begin_history_backward),
+// with one QR at state l, since the earlier states' pending shares share each state's basis.
 template <typename Scalar>
 Eigen::MatrixXd backward_sweep(StackRun<Scalar>& run, int l, const Eigen::MatrixXd& u) {
   State<Scalar> cotangent, next;
   run.unflatten(u, 1, cotangent);
+  if (run.reads_history()) {
+    run.begin_history_backward(u.cols() * run.config().seq);
+    for (int i = run.sublayers(); i >= l; --i) {
+      run.vjp(i, cotangent, next);
+      std::swap(cotangent, next);
+    }
+    run.end_history_backward();
+    return orthonormal_columns(run.flatten(cotangent, u.cols()));
+  }
   Eigen::MatrixXd q;
   for (int i = run.sublayers(); i >= l; --i) {
     run.vjp(i, cotangent, next);

@@ -97,19 +97,42 @@ void StackRun<Scalar>::point_history_at(int l) {
   history_.d_earlier.resize(streams);
   history_.prefix.assign(streams, nullptr);
   history_.uniform_share.assign(streams, nullptr);
+  history_.t_earlier.resize(streams);
+  history_.t_prefix.assign(streams, nullptr);
+  const bool history_forward = history_forward_from_ >= 0;
   for (std::size_t s = 0; s < streams; ++s) {
     auto& earlier = history_.earlier[s];
     auto& d_earlier = history_.d_earlier[s];
+    auto& t_earlier = history_.t_earlier[s];
     earlier.clear();
     d_earlier.clear();
+    t_earlier.clear();
     if (history_keys_[s].empty()) continue;
     if (!history_prefix_[s].empty() && !full_reads_) history_.prefix[s] = &history_prefix_[s][l];
     if (history_backward_) history_.uniform_share[s] = &uniform_share_[s];
+    if (history_forward) history_.t_prefix[s] = &tangent_sum_[s];
     for (int j = 0; j < l; ++j) {
       earlier.push_back({&states_[j][s], &history_keys_[s][j]});
       if (history_backward_) d_earlier.push_back(&history_cotangents_[s][j]);
+      if (history_forward)
+        t_earlier.push_back(j < history_forward_from_ ? &zero_tangent_ : &history_tangents_[s][j]);
     }
   }
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::begin_history_forward(int from) {
+  history_forward_from_ = from;
+  history_tangents_.assign(history_keys_.size(), {});
+  tangent_sum_.assign(history_keys_.size(), {});
+}
+
+template <typename Scalar>
+void StackRun<Scalar>::end_history_forward() {
+  history_forward_from_ = -1;
+  history_tangents_.clear();
+  tangent_sum_.clear();
+  zero_tangent_.resize(0, 0);
 }
 
 template <typename Scalar>
@@ -216,9 +239,30 @@ void StackRun<Scalar>::vjp(int i, const State<Scalar>& d_outputs, State<Scalar>&
 
 template <typename Scalar>
 void StackRun<Scalar>::jvp(int i, const State<Scalar>& d_inputs, State<Scalar>& d_outputs) {
-  if (reads_history()) throw std::logic_error("StackRun::jvp of a stack that reads a history");
+  // A history stack's sublayer: its JVP reads the earlier states' tangents, which only a history
+  // forward sweep keeps; state i's tangent is kept before (the reads see states below i) and added
+  // to the running sum after.
+  const bool sublayer_of_history = reads_history() && i < sublayers_;
+  if (sublayer_of_history && history_forward_from_ < 0)
+    throw std::logic_error("StackRun::jvp of a history stack's sublayer outside begin_history_forward");
+  if (sublayer_of_history) {
+    if (i < history_forward_from_) throw std::logic_error("StackRun::jvp below the history sweep's start");
+    for (std::size_t s = 0; s < history_keys_.size(); ++s) {
+      if (history_keys_[s].empty()) continue;
+      if (i == history_forward_from_) {
+        history_tangents_[s].resize(sublayers_ + 1);
+        tangent_sum_[s].setZero(d_inputs[s].rows(), d_inputs[s].cols());
+        zero_tangent_.setZero(d_inputs[s].rows(), d_inputs[s].cols());
+      }
+      history_tangents_[s][i] = d_inputs[s];
+    }
+  }
   const auto branch = recompute(i);
   executor_.jvp(graph_, d_inputs, branch, d_outputs);
+  if (sublayer_of_history) {
+    for (std::size_t s = 0; s < history_keys_.size(); ++s)
+      if (!history_keys_[s].empty()) tangent_sum_[s] += d_inputs[s];
+  }
 }
 
 // Sublayer l's weights live in buffer l % 2. While sublayer l is worked on, the next one's are

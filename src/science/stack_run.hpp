@@ -73,6 +73,12 @@ class StackRun {
   // (complete once sublayer l's VJP has run) into the cotangent of x_l. Outside them those shares
   // are dropped (the earlier states are held fixed, as in the JVP).
   bool reads_history() const { return reads_history_; }
+  // The forward counterpart, for a JVP sweep up the stack from state `from` (--spectrum's forward
+  // sweep): between begin_history_forward and end_history_forward, jvp(i) for i = from, from+1, ..
+  // in turn also reads the earlier states' tangents (zero below `from`) and keeps its input's for
+  // the later reads. Outside them a history stack's sublayer JVP is refused.
+  void begin_history_forward(int from);
+  void end_history_forward();
   void begin_history_backward(Eigen::Index rows);
   void add_history_cotangent(int l, State<Scalar>& d_state);
   void end_history_backward();
@@ -136,6 +142,12 @@ class StackRun {
   std::vector<Mat<Scalar>> uniform_share_, uniform_later_;
   bool history_backward_ = false;
   bool full_reads_ = false;
+  // The history JVP sweep: from which state, each history stream's tangent at every state reached
+  // (a shared zero below `from`), and their running sum for the uniform reads.
+  int history_forward_from_ = -1;
+  std::vector<std::vector<Mat<Scalar>>> history_tangents_;
+  std::vector<Mat<Scalar>> tangent_sum_;
+  Mat<Scalar> zero_tangent_;
   std::vector<Mat<Scalar>> query_gradients_;
 };
 

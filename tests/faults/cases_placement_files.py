@@ -128,12 +128,6 @@ CASES = [
               r"expected a constant expression"),
     placement("attend in the output head", rule("x <- x + F(N(x))"), r"attend\(\.\.\.\) can only be used in a "
               r"\[\[sublayer\]\] rule", head=HEAD.replace('output = "N(x)"', 'output = "N(attend(x, x))"')),
-    # --update and --exact-jacobian take a history; --spectrum (alone or with --exact-jacobian) not yet
-    *[Case(f"{' '.join(extra)} with a file that reads a history", ["analyze", "--arch", "{dir}/p.toml", *TINY,
-                                                                   *extra, "-o", "{dir}/out.json"],
-           message=r"--arch bad reads a history \(attend\): --spectrum is not available for it yet",
-           files={"p.toml": HEAD + rule("o = F(N(x)); x <- attend(x, o)")})
-      for extra in (["--spectrum", "2"], ["--exact-jacobian", "--spectrum", "2"])],
     placement("option that refuses without saying what it sets",
               '[options.ratio]\nhelp = "h"\ndefault = 0.5\nwhen_unused = "refuse"\n' + rule("x <- x + F(N(x))"),
               r"option 'ratio' refuses runs without it: say what it sets"),
