@@ -366,7 +366,7 @@ double estimated_memory_bytes(const ModelConfig& config, int stream_count, int h
   // A history (attend; StackRun, update.cpp), per stream read: every state's key (T x d and T
   // inverse rms) and running sum, and in the backward pass its cotangent (K probes); --update keeps
   // a stepped history (values, keys, running sums) per learning rate. Full AttnRes at depth 1024
-  // (keel's sizes, f32): 677 MB measured, this estimate 704 MB.
+  // (keel's sizes, f32): 677 MB measured, this estimate 708 MB.
   const double history_per_state =
       (t * (d + 1) + t * d + k * t * d) +
       (config.update == UpdateRule::none ? 0.0 : config.update_count() * t * (3 * d + 1));

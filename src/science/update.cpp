@@ -14,8 +14,10 @@
 // rate's pass keeps its own history (SteppedHistory). And with --update-params all the reads'
 // pseudo-queries w are parameters too (Kimi Team 2026, arXiv 2603.15031, Sec. 3.1: learned, zero at
 // init): dL/dw comes from the same backward as the gains, with every read taken in full (the
-// zero-query running sum has no keys' path), and w + Delta w is read in the stepped pass. Like a
-// bias, w starts at zero, so it has no step_rel; its <g, Delta w> is in update_loss.
+// zero-query running sum has no keys' path), and w + Delta w is read in the stepped pass. Its
+// <g, Delta w> is in update_loss. It has no step_rel: like a bias, w starts at zero in the paper, where
+// a relative step has no scale (a file may start it at another constant q; its step is then still
+// only in update_loss).
 #include "update.hpp"
 
 #include "gradflow/depth_attention.hpp"
