@@ -17,6 +17,20 @@ void SublayerGraph::reset(int input_count) {
   qkv_norm_ = QkvNorm::none;
   score_scale_.reset();
   ffn_hidden_scale_ = 1.0;
+  non_member_streams_.clear();
+}
+
+void SublayerGraph::set_history_member(int stream, bool member) {
+  if (stream < 0 || stream >= input_count_)
+    throw std::logic_error("history membership of a stream not an input");
+  const auto at = std::find(non_member_streams_.begin(), non_member_streams_.end(), stream);
+  if (!member && at == non_member_streams_.end()) non_member_streams_.push_back(stream);
+  if (member && at != non_member_streams_.end()) non_member_streams_.erase(at);
+}
+
+bool SublayerGraph::history_member(int stream) const {
+  return std::find(non_member_streams_.begin(), non_member_streams_.end(), stream) ==
+         non_member_streams_.end();
 }
 
 Value SublayerGraph::input(int stream) const {
@@ -226,14 +240,18 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
             static_cast<std::size_t>(node.lhs) < prefix.size() ? prefix[node.lhs] : nullptr;
         uniform_[id] = earlier_sum != nullptr && is_zero_query(query(node, id, context));
         if (uniform_[id]) {  // every source weighs 1/n exactly: the running sum, scaled once
-          out = *earlier_sum + a;
-          out += values_[node.rhs];
-          out *= uniform_weight(node, context);
+          if (graph.history_member(node.lhs)) {
+            out = *earlier_sum + a;
+            out += values_[node.rhs];
+          } else {
+            out = *earlier_sum + values_[node.rhs];
+          }
+          out *= uniform_weight(graph, node, context);
           break;
         }
-        depth_key(a, context.ops.norm_eps, input_keys_[id]);
+        if (graph.history_member(node.lhs)) depth_key(a, context.ops.norm_eps, input_keys_[id]);
         depth_key(values_[node.rhs], context.ops.norm_eps, extra_keys_[id]);
-        gather_sources(node, id, context);
+        gather_sources(graph, node, id, context);
         depth_attention_forward<Scalar>(sources_, query(node, id, context), reads_[id]);
         out = reads_[id].out;
         break;
@@ -305,9 +323,10 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
         unit_rows_backward(1, values_[id], norm_stats_[id], d_out, d_a);
         break;
       case NodeOp::attend: {
-        if (uniform_[id]) {  // a g to the input, to e, and once for all the earlier states
-          const Scalar weight = uniform_weight(node, context);
-          d_a += weight * d_out;
+        const bool input_member = graph.history_member(node.lhs);
+        if (uniform_[id]) {  // a g to the input (a member), to e, and once for all the earlier states
+          const Scalar weight = uniform_weight(graph, node, context);
+          if (input_member) d_a += weight * d_out;
           cotangents_[node.rhs] += weight * d_out;
           const auto& shares = context.history->uniform_share;
           if (static_cast<std::size_t>(node.lhs) < shares.size() && shares[node.lhs] != nullptr)
@@ -317,8 +336,8 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
                 "the pseudo-query's gradient needs the read in full (DepthHistory::prefix unset)");
           break;
         }
-        gather_sources(node, id, context);
-        const std::size_t earlier = sources_.size() - 2;
+        gather_sources(graph, node, id, context);
+        const std::size_t earlier = sources_.size() - (input_member ? 2 : 1);
         const auto& d_earlier = context.history->d_earlier;
         const bool kept =
             static_cast<std::size_t>(node.lhs) < d_earlier.size() && !d_earlier[node.lhs].empty();
@@ -331,7 +350,7 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
           discard_.setZero(rows, d_out.cols());
           d_sources_.assign(earlier, &discard_);
         }
-        d_sources_.push_back(&d_a);
+        if (input_member) d_sources_.push_back(&d_a);
         d_sources_.push_back(&cotangents_[node.rhs]);
         Mat<Scalar>* d_query = nullptr;
         if (auto* d_queries = context.history->d_queries) {
@@ -396,14 +415,19 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
         const auto lhs = static_cast<std::size_t>(node.lhs);
         const auto& t_prefix = context.history->t_prefix;
         const auto& t_earlier = context.history->t_earlier;
+        const bool input_member = graph.history_member(node.lhs);
         if (uniform_[id]) {
-          d_out = d_a + cotangents_[node.rhs];
+          if (input_member) {
+            d_out = d_a + cotangents_[node.rhs];
+          } else {
+            d_out = cotangents_[node.rhs];
+          }
           if (lhs < t_prefix.size() && t_prefix[lhs] != nullptr) d_out += *t_prefix[lhs];
-          d_out *= uniform_weight(node, context);
+          d_out *= uniform_weight(graph, node, context);
           break;
         }
-        gather_sources(node, id, context);
-        const std::size_t earlier = sources_.size() - 2;
+        gather_sources(graph, node, id, context);
+        const std::size_t earlier = sources_.size() - (input_member ? 2 : 1);
         if (lhs < t_earlier.size() && !t_earlier[lhs].empty()) {
           if (t_earlier[lhs].size() != earlier)
             throw std::logic_error("an attend node's history tangents do not match its earlier states");
@@ -412,7 +436,7 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
           zero_tangent_.setZero(rows, values_[id].cols());
           tangents_.assign(earlier, &zero_tangent_);
         }
-        tangents_.push_back(&d_a);
+        if (input_member) tangents_.push_back(&d_a);
         tangents_.push_back(&cotangents_[node.rhs]);
         depth_attention_jvp<Scalar>(sources_, query(node, id, context), reads_[id], tangents_, nullptr,
                                     d_out);
@@ -458,23 +482,27 @@ void GraphExecutor<Scalar>::norm_gain_gradients(const SublayerGraph& graph,
 }
 
 template <typename Scalar>
-void GraphExecutor<Scalar>::gather_sources(const Node& node, int id, const BranchContext<Scalar>& context) {
+void GraphExecutor<Scalar>::gather_sources(const SublayerGraph& graph, const Node& node, int id,
+                                           const BranchContext<Scalar>& context) {
   if (context.history == nullptr) throw std::logic_error("an attend node needs the stack's history");
   const auto& earlier = context.history->earlier;
   sources_.clear();
   if (static_cast<std::size_t>(node.lhs) < earlier.size())
     sources_.assign(earlier[node.lhs].begin(), earlier[node.lhs].end());
-  sources_.push_back({&values_[node.lhs], &input_keys_[id]});
+  if (graph.history_member(node.lhs)) sources_.push_back({&values_[node.lhs], &input_keys_[id]});
   sources_.push_back({&values_[node.rhs], &extra_keys_[id]});
 }
 
-// 1/n for the n = l + 2 sources of sublayer l's read: the earlier states, the input and e; the same
-// correctly rounded weight the full read's softmax gives each source at a zero query.
+// 1/n for the n sources of sublayer l's read: the earlier member states, the input when it is a
+// member, and e (n = l + 2 when every state is); the same correctly rounded weight the full read's
+// softmax gives each source at a zero query.
 template <typename Scalar>
-Scalar GraphExecutor<Scalar>::uniform_weight(const Node& node, const BranchContext<Scalar>& context) {
+Scalar GraphExecutor<Scalar>::uniform_weight(const SublayerGraph& graph, const Node& node,
+                                             const BranchContext<Scalar>& context) {
   const auto& earlier = context.history->earlier;
   const std::size_t count =
-      (static_cast<std::size_t>(node.lhs) < earlier.size() ? earlier[node.lhs].size() : 0) + 2;
+      (static_cast<std::size_t>(node.lhs) < earlier.size() ? earlier[node.lhs].size() : 0) +
+      (graph.history_member(node.lhs) ? 2 : 1);
   return Scalar(1) / static_cast<Scalar>(count);
 }
 

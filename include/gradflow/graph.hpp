@@ -44,9 +44,15 @@ class SublayerGraph {
   Value scale(Value a, double factor) { return push({NodeOp::scale, a.id, -1, factor}); }
   Value norm(Value a) { return push({NodeOp::norm, a.id}); }
   Value unit(Value a) { return push({NodeOp::unit, a.id}); }
-  // attend(s, b): a read of input stream s's history (states 0 .. l) followed by b, its pseudo-query
-  // starting as query_init in every entry. Its earlier sources come from BranchContext::history.
+  // attend(s, b): a read of input stream s's history (its member states among 0 .. l) followed by b,
+  // its pseudo-query starting as query_init in every entry. Its earlier sources come from
+  // BranchContext::history; the input (state l) is a source when it is a member.
   Value attend(Value stream, Value b, double query_init);
+  // History membership (a placement file's [history]): whether this sublayer's input, state l, of
+  // input stream s is one of the sources of s's history, for this sublayer's reads and every later
+  // one. Every state is unless set otherwise (Block AttnRes keeps only its block boundaries).
+  void set_history_member(int stream, bool member);
+  bool history_member(int stream) const;
   // True when some node reads a history (an attend node): the sublayer is not Markov.
   bool reads_history() const;
   // Marks, per input stream, whether an attend node reads its history (history_streams's size is the
@@ -85,6 +91,7 @@ class SublayerGraph {
   QkvNorm qkv_norm_ = QkvNorm::none;
   std::optional<double> score_scale_;
   double ffn_hidden_scale_ = 1.0;
+  std::vector<int> non_member_streams_;  // input streams whose state l is not a history source
 };
 
 // The history an attend node reads besides its own input: per input stream, the stream's values at
@@ -238,9 +245,11 @@ class GraphExecutor {
   std::vector<const Mat<Scalar>*> tangents_;
   Mat<Scalar> zero_tangent_, discard_;
   // The sources of attend node `id`: the earlier states of its stream, its input, its extra value.
-  void gather_sources(const Node& node, int id, const BranchContext<Scalar>& context);
+  void gather_sources(const SublayerGraph& graph, const Node& node, int id,
+                      const BranchContext<Scalar>& context);
   const Mat<Scalar>& query(const Node& node, int id, const BranchContext<Scalar>& context);
-  static Scalar uniform_weight(const Node& node, const BranchContext<Scalar>& context);
+  static Scalar uniform_weight(const SublayerGraph& graph, const Node& node,
+                               const BranchContext<Scalar>& context);
 };
 
 }  // namespace gradflow

@@ -24,6 +24,14 @@ int arity(std::string_view function) {
   return 1;
 }
 
+// True when e holds attend(stream, ...): a read of that stream's history.
+bool reads_history_of(const Expr& e, const std::string& stream) {
+  if (e.kind == ExprKind::call && e.text == "attend" && !e.args.empty() && e.args[0].text == stream)
+    return true;
+  return std::any_of(e.args.begin(), e.args.end(),
+                     [&](const Expr& a) { return reads_history_of(a, stream); });
+}
+
 bool is_condition(const Expr& e) {
   return e.kind == ExprKind::compare || e.kind == ExprKind::logical_and || e.kind == ExprKind::logical_or ||
          e.kind == ExprKind::logical_not;
@@ -369,6 +377,22 @@ void check_definition(PlacementDefinition& def) {
   for (auto& scale : def.learning_rate_scales)
     if (scale) checker.constant(*scale);
   for (Requirement& requirement : def.requirements) checker.condition(requirement.condition);
+  for (auto& [stream, member] : def.history_members) {
+    checker.condition(member);
+    const bool attended =
+        std::any_of(def.sublayers.begin(), def.sublayers.end(), [&](const SublayerEntry& entry) {
+          return std::any_of(entry.rule.begin(), entry.rule.end(), [&](const Statement& st) {
+            return std::any_of(st.values.begin(), st.values.end(),
+                               [&](const Expr& e) { return reads_history_of(e, stream); });
+          });
+        });
+    if (!attended)
+      throw ExprError(
+          member.origin, member.offset,
+          fmt::format("[history] {}: no rule reads {}'s history; write attend({}, ...) in a rule or "
+                      "remove the entry",
+                      stream, stream, stream));
+  }
   for (SublayerEntry& entry : def.sublayers) {
     if (entry.when) checker.condition(*entry.when);
     for (auto* e : {&entry.score_scale, &entry.ffn_hidden_scale, &entry.skip_gain})

@@ -23,11 +23,11 @@ using placement::Origin;
 using placement::PlacementDefinition;
 using placement::SublayerEntry;
 
-constexpr std::array kTopKeys = {
-    "id",          "citation",          "expected_growth", "streams",
-    "output",      "update_rule",       "final_norm",      "aliases",
-    "provisional", "unit_norm_weights", "options",         "constants",
-    "init_gain",   "sublayer",          "requires",        "learning_rate_scale"};
+constexpr std::array kTopKeys = {"id",          "citation",          "expected_growth", "streams",
+                                 "output",      "update_rule",       "final_norm",      "aliases",
+                                 "provisional", "unit_norm_weights", "options",         "constants",
+                                 "init_gain",   "sublayer",          "requires",        "learning_rate_scale",
+                                 "history"};
 constexpr std::array kOptionKeys = {"help", "default",     "default_text", "choices",       "range",
                                     "fix",  "when_unused", "sets",         "in_run_config", "in_sweep_model"};
 constexpr std::array kConstantKeys = {"value", "option", "formula", "unit"};
@@ -435,6 +435,19 @@ void FileReader::read_constants(const toml::table& top) {
     for (std::size_t r = 0; r < kUpdateRules.size(); ++r) {
       if (const toml::node* scale = node->as_table()->get(kUpdateRules[r]))
         def_.learning_rate_scales[r] = expression(*scale, "a learning-rate multiplier");
+    }
+  }
+  if (const toml::node* node = top.get("history")) {
+    if (!node->is_table())
+      fail(node->source(),
+           "expected [history] as a table of stream = \"condition\" (when state l is a source)");
+    for (auto&& [key, member] : *node->as_table()) {
+      const std::string name(key.str());
+      if (std::find(def_.streams.begin(), def_.streams.end(), name) == def_.streams.end())
+        fail(key.source(), fmt::format("[history] names '{}', which is not a stream (streams = [{}]); name a "
+                                       "stream whose history a rule reads with attend",
+                                       name, fmt::join(def_.streams, ", ")));
+      def_.history_members[name] = expression(member, "a condition");
     }
   }
 }

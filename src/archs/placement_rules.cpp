@@ -229,6 +229,10 @@ void build_sublayer_graph(const PlacementDefinition& def, SublayerGraph& g, cons
     }
   }
   g.set_outputs(outputs);
+  for (const auto& [name, member] : def.history_members) {  // [history]: is state l a source?
+    const auto stream = std::find(def.streams.begin(), def.streams.end(), name);
+    g.set_history_member(static_cast<int>(stream - def.streams.begin()), values.holds(member));
+  }
   if (!entry.update_name.empty()) {
     g.mark_update(builder.bindings.at(entry.update_name), builder.bindings.at(entry.sum_name));
   } else if (builder.update) {

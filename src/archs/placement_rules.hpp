@@ -63,6 +63,9 @@ struct PlacementDefinition {
   // [learning_rate_scale]: --update's multiplier on --lr per sublayer, for sgd and adam (kUpdateRules)
   std::array<std::optional<Expr>, 2> learning_rate_scales;
   std::vector<SublayerEntry> sublayers;
+  // [history]: per stream read with attend, the condition (at sublayer l's position) under which
+  // state l's value is one of the history's sources; a stream not named here keeps every state.
+  std::map<std::string, Expr> history_members;
   std::vector<Requirement> requirements;
   Expr output;
   bool unit_norm_weights = false;

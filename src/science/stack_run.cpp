@@ -35,10 +35,15 @@ StackRun<Scalar>::StackRun(const ModelConfig& config, const Architecture& arch, 
   if (config_.branch == BranchKind::model && threads >= 2) pool_ = std::make_unique<WorkPool>(threads);
   // Which streams' histories this run's sublayers read (attend nodes), from their graphs: a
   // placement's `when` may leave some entries unused at these sizes.
+  // Which of their states are sources (a placement's [history] membership), from the same graphs.
+  history_members_.assign(static_cast<std::size_t>(arch_.initial_streams),
+                          std::vector<char>(static_cast<std::size_t>(sublayers_) + 1, 0));
   for (int l = 0; arch_.history_streams > 0 && l < sublayers_; ++l) {
     graph_.reset(arch_.initial_streams);
     arch_.build_sublayer(graph_, context(l));
     graph_.mark_history_streams(history_streams_);
+    for (int s = 0; s < arch_.initial_streams; ++s)
+      history_members_[static_cast<std::size_t>(s)][static_cast<std::size_t>(l)] = graph_.history_member(s);
   }
   reads_history_ =
       std::find(history_streams_.begin(), history_streams_.end(), true) != history_streams_.end();
@@ -84,9 +89,11 @@ template <typename Scalar>
 void StackRun<Scalar>::store_history_keys(int l) {
   for (std::size_t s = 0; s < history_keys_.size(); ++s) {
     if (history_keys_[s].empty()) continue;
-    depth_key(states_[l][s], config_.norm_eps, history_keys_[s][l]);
-    if (l > 0 && !history_prefix_[s].empty())
-      history_prefix_[s][l] = history_prefix_[s][l - 1] + states_[l - 1][s];
+    if (history_member(s, l)) depth_key(states_[l][s], config_.norm_eps, history_keys_[s][l]);
+    if (l > 0 && !history_prefix_[s].empty()) {
+      history_prefix_[s][l] = history_prefix_[s][l - 1];
+      if (history_member(s, l - 1)) history_prefix_[s][l] += states_[l - 1][s];
+    }
   }
 }
 
@@ -112,6 +119,7 @@ void StackRun<Scalar>::point_history_at(int l) {
     if (history_backward_) history_.uniform_share[s] = &uniform_share_[s];
     if (history_forward) history_.t_prefix[s] = &tangent_sum_[s];
     for (int j = 0; j < l; ++j) {
+      if (!history_member(s, j)) continue;
       earlier.push_back({&states_[j][s], &history_keys_[s][j]});
       if (history_backward_) d_earlier.push_back(&history_cotangents_[s][j]);
       if (history_forward)
@@ -151,14 +159,14 @@ void StackRun<Scalar>::begin_history_backward(Eigen::Index rows) {
 }
 
 // State l's history cotangent: the shares full reads added to it, and those of every later uniform
-// read (all alike, kept once in uniform_later_); then sublayer l's own uniform shares, which reach
-// the states below l only, join the later ones.
+// read (all alike, kept once in uniform_later_; none unless state l is a member); then sublayer l's
+// own uniform shares, which reach the states below l only, join the later ones.
 template <typename Scalar>
 void StackRun<Scalar>::add_history_cotangent(int l, State<Scalar>& d_state) {
   for (std::size_t s = 0; s < history_cotangents_.size(); ++s) {
     if (history_cotangents_[s].empty()) continue;
     d_state[s] += history_cotangents_[s][l];
-    d_state[s] += uniform_later_[s];
+    if (history_member(s, l)) d_state[s] += uniform_later_[s];
     uniform_later_[s] += uniform_share_[s];
     uniform_share_[s].setZero();
   }
@@ -261,7 +269,7 @@ void StackRun<Scalar>::jvp(int i, const State<Scalar>& d_inputs, State<Scalar>& 
   executor_.jvp(graph_, d_inputs, branch, d_outputs);
   if (sublayer_of_history) {
     for (std::size_t s = 0; s < history_keys_.size(); ++s)
-      if (!history_keys_[s].empty()) tangent_sum_[s] += d_inputs[s];
+      if (!history_keys_[s].empty() && history_member(s, i)) tangent_sum_[s] += d_inputs[s];
   }
 }
 

@@ -91,6 +91,11 @@ class StackRun {
   void read_history_in_full(bool full) { full_reads_ = full; }
   // Per stream: some sublayer of this run reads its history (all false without a history).
   const std::vector<bool>& history_streams() const { return history_streams_; }
+  // Whether state j of history stream s is a source of its later reads (SublayerGraph::
+  // history_member of sublayer j's graph; state S never is: no read follows it).
+  bool history_member(std::size_t s, int j) const {
+    return history_members_[s][static_cast<std::size_t>(j)] != 0;
+  }
   const std::vector<Mat<Scalar>>& query_gradients() const { return query_gradients_; }
 
   const SublayerGraph& graph() const { return graph_; }
@@ -106,7 +111,7 @@ class StackRun {
  private:
   BranchContext<Scalar> branch_context(const SublayerContext& ctx) const;
   void store_history_keys(int l);  // the keys of x_l's history streams
-  void point_history_at(int l);    // history_ lists states 0 .. l-1
+  void point_history_at(int l);    // history_ lists the member states among 0 .. l-1
   void ensure_weights(int l, int next);
   void start_draw(int l);
 
@@ -131,7 +136,8 @@ class StackRun {
   // The history (reads_history()): per stream, the keys of its value at every state (empty for a
   // stream no rule reads), the view sublayer l's attend nodes read, and the backward's cotangents.
   bool reads_history_ = false;
-  std::vector<bool> history_streams_;  // per stream: some sublayer of this run reads its history
+  std::vector<bool> history_streams_;               // per stream: some sublayer of this run reads its history
+  std::vector<std::vector<char>> history_members_;  // per stream, per state 0 .. S: history_member
   std::vector<std::vector<DepthKey<Scalar>>> history_keys_;
   DepthHistory<Scalar> history_;
   std::vector<std::vector<Mat<Scalar>>> history_cotangents_;

@@ -36,7 +36,8 @@ struct SteppedHistory {
   std::vector<Mat<Scalar>> queries;  // --update-params all: w + Delta w per value id of the sublayer
 };
 
-// Appends stepped state j (= the count so far) to the history streams' lists.
+// Appends stepped state j (= the count so far) to the history streams' lists: its value and key
+// when it is a source of later reads (StackRun::history_member), an empty entry otherwise.
 template <typename Scalar>
 void add_to_history(SteppedHistory<Scalar>& history, const StackRun<Scalar>& run,
                     const State<Scalar>& state) {
@@ -48,19 +49,24 @@ void add_to_history(SteppedHistory<Scalar>& history, const StackRun<Scalar>& run
     if (!streams[s]) continue;
     auto& values = history.values[s];
     auto& prefix = history.prefix[s];
-    if (!run.hooks().attend_in_full)
-      prefix.push_back(values.empty() ? Mat<Scalar>::Zero(state[s].rows(), state[s].cols())
-                                      : Mat<Scalar>(prefix.back() + values.back()));
-    values.push_back(state[s]);
+    const int j = static_cast<int>(values.size());
+    if (!run.hooks().attend_in_full) {
+      prefix.push_back(j == 0 ? Mat<Scalar>::Zero(state[s].rows(), state[s].cols()) : prefix.back());
+      if (j > 0 && run.history_member(s, j - 1)) prefix.back() += values.back();
+    }
+    const bool member = run.history_member(s, j);
+    values.push_back(member ? state[s] : Mat<Scalar>());
     history.keys[s].emplace_back();
-    depth_key(state[s], run.config().norm_eps, history.keys[s].back());
+    if (member) depth_key(state[s], run.config().norm_eps, history.keys[s].back());
   }
 }
 
-// The view stepped sublayer l reads: states 0 .. l-1 of each history stream (the input is its own
-// source), their running sum, and the stepped pseudo-queries; no cotangents (a forward pass).
+// The view stepped sublayer l reads: the member states among 0 .. l-1 of each history stream (the
+// input is its own source), their running sum, and the stepped pseudo-queries; no cotangents (a
+// forward pass).
 template <typename Scalar>
-DepthHistory<Scalar>* point_at(SteppedHistory<Scalar>& history, int l, bool stepped_queries) {
+DepthHistory<Scalar>* point_at(SteppedHistory<Scalar>& history, const StackRun<Scalar>& run, int l,
+                               bool stepped_queries) {
   DepthHistory<Scalar>& view = history.view;
   const std::size_t streams = history.values.size();
   view.earlier.assign(streams, {});
@@ -69,7 +75,8 @@ DepthHistory<Scalar>* point_at(SteppedHistory<Scalar>& history, int l, bool step
   view.uniform_share.assign(streams, nullptr);
   for (std::size_t s = 0; s < streams; ++s) {
     if (history.values[s].empty()) continue;
-    for (int j = 0; j < l; ++j) view.earlier[s].push_back({&history.values[s][j], &history.keys[s][j]});
+    for (int j = 0; j < l; ++j)
+      if (run.history_member(s, j)) view.earlier[s].push_back({&history.values[s][j], &history.keys[s][j]});
     if (!history.prefix[s].empty()) view.prefix[s] = &history.prefix[s][l];
   }
   view.queries = stepped_queries ? &history.queries : nullptr;
@@ -324,7 +331,7 @@ void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, const std::vect
   result.updates[i].delta_loss_first_order += loss;
   branch.weights = &work.stepped;
   DepthHistory<Scalar>* const history = branch.history;
-  if (run.reads_history()) branch.history = point_at(pass.history, l, stepped_queries);
+  if (run.reads_history()) branch.history = point_at(pass.history, run, l, stepped_queries);
   run.executor().forward(run.graph(), pass.state, branch);
   branch.weights = &weights;
   branch.norm_gains = nullptr;

@@ -128,6 +128,15 @@ CASES = [
               r"expected a constant expression"),
     placement("attend in the output head", rule("x <- x + F(N(x))"), r"attend\(\.\.\.\) can only be used in a "
               r"\[\[sublayer\]\] rule", head=HEAD.replace('output = "N(x)"', 'output = "N(attend(x, x))"')),
+    # [history]: which states are a history's sources (docs/placement-files.md, "Reading a history")
+    placement("history not a table", 'history = "l == 0"\n' + rule("x <- attend(x, F(N(x)))"),
+              r"expected \[history\] as a table of stream = \"condition\""),
+    placement("history of a name that is not a stream", '[history]\ny = "l == 0"\n' + rule("x <- attend(x, F(N(x)))"),
+              r"\[history\] names 'y', which is not a stream \(streams = \[x\]\)"),
+    placement("history of a stream no rule attends", '[history]\nx = "l == 0"\n' + rule("x <- x + F(N(x))"),
+              r"\[history\] x: no rule reads x's history; write attend\(x, \.\.\.\)"),
+    placement("history membership not a condition", '[history]\nx = "l + 1"\n' + rule("x <- attend(x, F(N(x)))"),
+              r"expected a condition such as 'l == 0'"),
     placement("option that refuses without saying what it sets",
               '[options.ratio]\nhelp = "h"\ndefault = 0.5\nwhen_unused = "refuse"\n' + rule("x <- x + F(N(x))"),
               r"option 'ratio' refuses runs without it: say what it sets"),

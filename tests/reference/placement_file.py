@@ -25,7 +25,7 @@ import gradflow_reference as R
 # [P] "Top-level keys" and the reserved names of "Names"
 TOP_KEYS = {"id", "citation", "expected_growth", "streams", "output", "update_rule", "final_norm", "aliases",
             "provisional", "unit_norm_weights", "constants", "options", "init_gain", "sublayer", "requires",
-            "learning_rate_scale"}
+            "learning_rate_scale", "history"}
 # [P] "[options.KEY]" and the inline-table form of a constant ("[constants]")
 OPTION_KEYS = {"help", "default", "default_text", "choices", "range", "fix", "when_unused", "sets", "in_run_config",
                "in_sweep_model"}
@@ -601,6 +601,16 @@ class PlacementFile:
                 raise FileError(f"{source}: [learning_rate_scale] {k} must be a constant expression or a number")
         self.learning_rate_scale = {k: parse_expr(v) if isinstance(v, str) else Node("num", value=float(v))
                                     for k, v in raw_lr.items()}
+        # [P] `[history]`: stream -> the condition (at sublayer l) under which state l is a source of its reads
+        raw_history = doc.get("history", {})
+        if not isinstance(raw_history, dict):
+            raise FileError(f"{source}: [history] must be a table of stream = \"condition\"")
+        for k, v in raw_history.items():
+            if k not in self.streams:
+                raise FileError(f"{source}: [history] names '{k}', which is not a stream")
+            if not isinstance(v, str):
+                raise FileError(f"{source}: [history] {k} must be a condition (a string)")
+        self.history = {k: parse_cond(v) for k, v in raw_history.items()}
         self._check_names()
         self.output = parse_expr(doc["output"])
         self.entries = [Entry(e, self) for e in doc["sublayer"]]
@@ -786,6 +796,8 @@ class FileStack:
         # [P] `attend(s, e[, q])`: the streams whose history this run's rules read (the entries selected)
         self.history_streams = {s for e in self.entries for _, x in e.assignments + list(e.bindings.items())
                                 for s in _attended(x)}
+        # [P] `[history]`: per stream named there, whether state l (l < S) is a source; state S never is read
+        self.members = {s: [w.holds(c) for w in self.where] for s, c in placement.history.items()}
         for l in range(self.S):  # [P] `[learning_rate_scale]`: both rules, every sublayer, before any work
             for rule in placement.learning_rate_scale:
                 self.learning_rate_scale(l, rule)
@@ -826,9 +838,14 @@ class FileStack:
         ev = Evaluation(self, dict(zip(self.streams, state)), self.where[-1], None, False, {})
         return ev.tensor(self.p.output)
 
+    def member(self, s, l):
+        """[P] `[history]`: state l of stream s is a source of the reads of s's history (every state by default)."""
+        return s not in self.members or self.members[s][l]
+
     def history_at(self, l, states):
-        """[P] attend: per history stream, its values at the states 0 .. l-1 before sublayer l."""
-        return {s: [states[j][i] for j in range(l)] for i, s in enumerate(self.streams) if s in self.history_streams}
+        """[P] attend: per history stream, its values at the member states among 0 .. l-1 before sublayer l."""
+        return {s: [states[j][i] for j in range(l) if self.member(s, j)]
+                for i, s in enumerate(self.streams) if s in self.history_streams}
 
     def sublayer(self, l, state, detach=False, history=None):
         entry = self.entries[l]
@@ -905,13 +922,14 @@ class Evaluation:
 
     def attend(self, node):
         """[P] `attend(s, e[, q])`: attention over depth (Kimi Team 2026, arXiv 2603.15031, Eq. 2-4) over the
-        sources [s at states 0 .. l-1, s at this sublayer's input, e]: keys RMSNorm(v) (gain 1, --norm-eps),
+        sources [s at the member states among 0 .. l-1, s at this sublayer's input if it is a member, e]: keys RMSNorm(v) (gain 1, --norm-eps),
         logits w . key with every entry of the pseudo-query w equal to q (default 0), a softmax over the
         sources per token, and the read sum_i alpha_i v_i."""
         stream = node.args[0].value
         extra = self.tensor(node.args[1])
         q = self.where.value(node.args[2]) if len(node.args) == 3 else 0.0
-        V = torch.stack(list(self.history.get(stream, [])) + [self.inputs[stream], extra])
+        own = [self.inputs[stream]] if self.st.member(stream, self.l) else []  # [P] `[history]`: a member?
+        V = torch.stack(list(self.history.get(stream, [])) + own + [extra])
         keys = R.rms_norm(V, self.st.ops["eps"])
         w = torch.full((V.shape[-1],), q, dtype=V.dtype) if self.st.Q is None else self.st.Q(self.l, q, V)
         alpha = torch.einsum("d,ntd->nt", w, keys).softmax(dim=0)
