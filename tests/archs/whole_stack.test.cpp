@@ -3,10 +3,12 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/app/placements.hpp"
@@ -200,18 +202,43 @@ TEST_CASE("whole-stack gradients hold for every placement with the mixture-of-ex
 }
 
 namespace {
-// Full Attention Residuals with a true history (tests/placements/history/attnres-history.toml):
-// stream v holds the newest source, h the read over every source so far, each read with its own
-// pseudo-query, `query` in every entry.
-std::string attnres_history_text(double query) {
-  std::ifstream file(std::string(GRADFLOW_TEST_DIR) + "/placements/history/attnres-history.toml");
-  std::stringstream text;
-  text << file.rdbuf();
-  std::string out = text.str();
-  const std::string line = "\nquery = 0\n";
-  const auto at = out.find(line);
-  REQUIRE(at != std::string::npos);
-  return out.replace(at, line.size(), fmt::format("\nquery = {}\n", query));
+// The shipped placements that read a history (data/placements/), with --attnres-query in every
+// entry of every pseudo-query: Full AttnRes (stream v holds the newest source, h the read over every
+// source so far) and Block AttnRes (stream p the partial sum, its history kept at the block
+// boundaries by [history]) with N = 2 AttnRes blocks: at B = 3 a block of two and one of one.
+constexpr std::array<const char*, 2> kHistoryPlacements = {"attnres-history", "attnres-block-history"};
+
+// config with the options of one history placement: the pseudo-queries' init and, for Block
+// AttnRes, N = 2.
+ModelConfig with_history_options(ModelConfig config, std::string_view name, double query) {
+  config.options["attnres_query"] = query;
+  if (name == "attnres-block-history") config.options["attnres_blocks"] = 2.0;
+  return config;
+}
+
+// Every history placement at the paper's zero init and at a nonzero query, x the block kinds (x the
+// norms when `norms`): the placement and config each check below runs on.
+template <typename Check>
+void for_each_history_case(bool norms, Check check) {
+  for (const char* name : kHistoryPlacements) {
+    const Architecture& arch = find_architecture(name);
+    for (const double query : {0.0, 0.3}) {
+      for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
+        for (const NormKind norm : {NormKind::rms, NormKind::layer}) {
+          if (!norms && norm != NormKind::rms) continue;
+          ModelConfig config = with_history_options(small_config(), name, query);
+          config.block = block;
+          config.norm = norm;
+          const std::string placement = name;
+          CAPTURE(placement);
+          CAPTURE(query);
+          CAPTURE(to_string(block));
+          CAPTURE(to_string(norm));
+          check(arch, config, fmt::format("{}, --attnres-query {}", name, query));
+        }
+      }
+    }
+  }
 }
 }  // namespace
 
@@ -219,44 +246,43 @@ std::string attnres_history_text(double query) {
 // its backward adds every read's share to each earlier state (StackRun::begin_history_backward).
 // Central differences see the whole dependence, at the paper's zero init and at a nonzero query.
 TEST_CASE("a placement reading a history: the whole-stack gradient matches central differences (float64)") {
-  for (const double query : {0.0, 0.3}) {
-    const Architecture arch = load_placement_text("attnres-history-test.toml", attnres_history_text(query));
-    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
-      for (const NormKind norm : {NormKind::rms, NormKind::layer}) {
-        ModelConfig config = small_config();
-        config.block = block;
-        config.norm = norm;
-        CAPTURE(query);
-        CAPTURE(to_string(block));
-        CAPTURE(to_string(norm));
-        const double error = whole_stack_error(config, arch);
-        MESSAGE("attnres with a history, query ", query, ": whole-stack relative error ", error);
-        CHECK(error <= testing::kFiniteDifferenceTolerance);
-      }
-    }
-  }
+  for_each_history_case(true,
+                        [](const Architecture& arch, const ModelConfig& config, const std::string& what) {
+                          const double error = whole_stack_error(config, arch);
+                          MESSAGE(what, ": whole-stack relative error ", error);
+                          CHECK(error <= testing::kFiniteDifferenceTolerance);
+                        });
 }
 
-// Issue 30, acceptance 3: with zero pseudo-queries every read is the uniform mean of the sources so
-// far, which is what the shipped attnres.toml carries in one stream (the running mean): the history
-// stack's read h has the same rms at every state, to rounding.
+// Issue 30, acceptance 3: with zero pseudo-queries every read is the uniform mean of its sources,
+// which is what the shipped attnres.toml and attnres-block.toml carry in one stream (the running
+// mean; Block AttnRes's of the completed blocks and the partial sum): the history stack's read h has
+// the same rms at every state, to rounding. Block AttnRes with N = 2 at B = 6: two blocks of three.
 TEST_CASE(
     "attend with zero pseudo-queries reads the uniform mean: the history stack's h is attnres's stream") {
-  const Architecture history = load_placement_text("attnres-history-test.toml", attnres_history_text(0.0));
-  const Architecture& mean = find_architecture("attnres");
-  for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
-    ModelConfig config = small_config();
-    config.blocks = 6;
-    config.block = block;
-    CAPTURE(to_string(block));
-    const SeedResult with_history = analyze_seed(config, history, resolve_constants(history, config), 3);
-    const SeedResult running_mean = analyze_seed(config, mean, resolve_constants(mean, config), 3);
-    const auto& read = with_history.streams.at(1).states.at(Figure::rms);
-    const auto& expected = running_mean.states.at(Figure::rms);
-    REQUIRE(read.size() == expected.size());
-    for (std::size_t l = 0; l < read.size(); ++l) {
-      CAPTURE(l);
-      CHECK(std::abs(read[l] - expected[l]) <= 1e-12 * expected[l]);
+  for (const auto& [name, shipped] :
+       {std::pair{"attnres-history", "attnres"}, std::pair{"attnres-block-history", "attnres-block"}}) {
+    const Architecture& history = find_architecture(name);
+    const Architecture& mean = find_architecture(shipped);
+    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
+      ModelConfig config = small_config();
+      config.blocks = 6;
+      config.block = block;
+      const std::string placement = name;
+      CAPTURE(placement);
+      CAPTURE(to_string(block));
+      const ModelConfig history_config = with_history_options(config, name, 0.0);
+      const SeedResult with_history =
+          analyze_seed(history_config, history, resolve_constants(history, history_config), 3);
+      if (std::string_view(shipped) == "attnres-block") config.options["attnres_blocks"] = 2.0;  // the same N
+      const SeedResult running_mean = analyze_seed(config, mean, resolve_constants(mean, config), 3);
+      const auto& read = with_history.streams.at(1).states.at(Figure::rms);
+      const auto& expected = running_mean.states.at(Figure::rms);
+      REQUIRE(read.size() == expected.size());
+      for (std::size_t l = 0; l < read.size(); ++l) {
+        CAPTURE(l);
+        CHECK(std::abs(read[l] - expected[l]) <= 1e-12 * expected[l]);
+      }
     }
   }
 }
@@ -265,32 +291,36 @@ TEST_CASE(
 // prefix) and spreads its backward shares once (StackRun::add_history_cotangent): the same figures as
 // reading every source, to rounding, in the forward pass and in every gradient.
 TEST_CASE("attend's uniform-read shortcut gives the figures of the full read") {
-  const Architecture arch = load_placement_text("attnres-history-test.toml", attnres_history_text(0.0));
   AnalysisHooks full;
   full.attend_in_full = true;
-  for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
-    ModelConfig config = small_config();
-    config.blocks = 8;
-    config.block = block;
-    config.probes = 3;
-    CAPTURE(to_string(block));
-    const Constants constants = resolve_constants(arch, config);
-    const SeedResult shortcut = analyze_seed(config, arch, constants, 3);
-    const SeedResult every_source = analyze_seed(config, arch, constants, 3, {}, {}, full);
-    for (const Figure figure : {Figure::rms, Figure::log10_grad}) {
-      const auto& a = shortcut.states.at(figure);
-      const auto& b = every_source.states.at(figure);
-      for (std::size_t l = 0; l < a.size(); ++l) {
-        CAPTURE(l);
-        CHECK(std::abs(a[l] - b[l]) <= 1e-12 * std::max(1.0, std::abs(b[l])));
+  for (const char* name : kHistoryPlacements) {
+    const Architecture& arch = find_architecture(name);
+    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
+      const std::string placement = name;
+      CAPTURE(placement);
+      ModelConfig config = with_history_options(small_config(), name, 0.0);
+      config.blocks = 8;
+      config.block = block;
+      config.probes = 3;
+      CAPTURE(to_string(block));
+      const Constants constants = resolve_constants(arch, config);
+      const SeedResult shortcut = analyze_seed(config, arch, constants, 3);
+      const SeedResult every_source = analyze_seed(config, arch, constants, 3, {}, {}, full);
+      for (const Figure figure : {Figure::rms, Figure::log10_grad}) {
+        const auto& a = shortcut.states.at(figure);
+        const auto& b = every_source.states.at(figure);
+        for (std::size_t l = 0; l < a.size(); ++l) {
+          CAPTURE(l);
+          CHECK(std::abs(a[l] - b[l]) <= 1e-12 * std::max(1.0, std::abs(b[l])));
+        }
       }
+      const auto& a = shortcut.sublayers.at(Figure::gain);
+      const auto& b = every_source.sublayers.at(Figure::gain);
+      for (std::size_t l = 0; l < a.size(); ++l) CHECK(std::abs(a[l] - b[l]) <= 1e-12 * b[l]);
+      const InputGradient fast = loss_and_input_gradient(config, arch, constants, 3);
+      const InputGradient slow = loss_and_input_gradient(config, arch, constants, 3, nullptr, full);
+      CHECK((fast.gradient - slow.gradient).norm() <= 1e-12 * slow.gradient.norm());
     }
-    const auto& a = shortcut.sublayers.at(Figure::gain);
-    const auto& b = every_source.sublayers.at(Figure::gain);
-    for (std::size_t l = 0; l < a.size(); ++l) CHECK(std::abs(a[l] - b[l]) <= 1e-12 * b[l]);
-    const InputGradient fast = loss_and_input_gradient(config, arch, constants, 3);
-    const InputGradient slow = loss_and_input_gradient(config, arch, constants, 3, nullptr, full);
-    CHECK((fast.gradient - slow.gradient).norm() <= 1e-12 * slow.gradient.norm());
   }
 }
 
@@ -305,40 +335,36 @@ TEST_CASE(
     "a placement reading a history: one step's first-order Delta L, pseudo-queries included, matches "
     "central differences (float64)") {
   const double eta = 1e-6;
-  for (const double query : {0.0, 0.3}) {
-    const Architecture arch = load_placement_text("attnres-history-test.toml", attnres_history_text(query));
-    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
-      for (const NormKind norm : {NormKind::rms, NormKind::layer}) {
-        ModelConfig config = small_config();
-        config.block = block;
-        config.norm = norm;
-        config.update = UpdateRule::sgd;
-        config.update_norm_gains = true;
-        config.learning_rates = {eta, -eta};
-        CAPTURE(query);
-        CAPTURE(to_string(block));
-        CAPTURE(to_string(norm));
-        const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 3);
-        REQUIRE(run.updates.size() == 2);
-        const UpdateStep& up = run.updates[0];
-        const UpdateStep& down = run.updates[1];
-        CHECK(up.delta_loss_first_order < 0);
-        CHECK(down.delta_loss_first_order == doctest::Approx(-up.delta_loss_first_order).epsilon(1e-12));
-        const double central = (up.delta_loss - down.delta_loss) / 2;
-        const double error =
-            std::abs(central - up.delta_loss_first_order) / std::abs(up.delta_loss_first_order);
-        MESSAGE("attnres with a history, query ", query, ": --update-params all, central-difference error ",
-                error);
-        CHECK(error <= testing::kFiniteDifferenceTolerance);
-      }
+  for_each_history_case(true, [&](const Architecture& arch, ModelConfig config, const std::string& what) {
+    config.update = UpdateRule::sgd;
+    config.learning_rates = {eta, -eta};
+    // all: the queries are stepped (w + Delta w, read in full); matrices: at query 0 the stepped
+    // reads stay uniform, running sums over the stepped history (update.cpp's SteppedHistory).
+    for (const bool all : {true, false}) {
+      config.update_norm_gains = all;
+      CAPTURE(all);
+      const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 3);
+      REQUIRE(run.updates.size() == 2);
+      const UpdateStep& up = run.updates[0];
+      const UpdateStep& down = run.updates[1];
+      CHECK(up.delta_loss_first_order < 0);
+      CHECK(down.delta_loss_first_order == doctest::Approx(-up.delta_loss_first_order).epsilon(1e-12));
+      const double central = (up.delta_loss - down.delta_loss) / 2;
+      const double error =
+          std::abs(central - up.delta_loss_first_order) / std::abs(up.delta_loss_first_order);
+      MESSAGE(what, std::string(all ? ": --update-params all" : ": --update-params matrices"),
+              ", central-difference error ", error);
+      CHECK(error <= testing::kFiniteDifferenceTolerance);
     }
-  }
+  });
 }
 
 // The memory estimate's history term counts the streams some attend reads (Architecture::
-// history_streams): v in Full AttnRes (not h), both in two-histories.toml, none in a plain file.
+// history_streams): v in Full AttnRes (not h), p in Block AttnRes, both in two-histories.toml, none
+// in a plain file.
 TEST_CASE("a placement file's history streams are the streams its attends read") {
-  CHECK(load_placement_text("attnres-history-test.toml", attnres_history_text(0.0)).history_streams == 1);
+  CHECK(find_architecture("attnres-history").history_streams == 1);
+  CHECK(find_architecture("attnres-block-history").history_streams == 1);
   const std::string two = std::string(GRADFLOW_TEST_DIR) + "/placements/history/two-histories.toml";
   std::ifstream file(two);
   std::stringstream text;
@@ -355,26 +381,19 @@ TEST_CASE("a placement file's history streams are the streams its attends read")
 TEST_CASE(
     "a placement reading a history: the 64-probe Frobenius estimate is within 3 standard errors of the exact "
     "norm") {
-  for (const double query : {0.0, 0.3}) {
-    const Architecture arch = load_placement_text("attnres-history-test.toml", attnres_history_text(query));
-    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
-      ModelConfig config = small_config();
-      config.block = block;
-      config.probes = 64;
-      config.exact_jacobian = true;
-      CAPTURE(query);
-      CAPTURE(to_string(block));
-      const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 0);
-      const auto& estimate = run.states.at(Figure::log10_grad);
-      const auto& se = run.states.at(Figure::log10_grad_se);
-      const auto& exact = run.states.at(Figure::log10_jacobian_fro_exact);
-      for (std::size_t l = 0; l < exact.size(); ++l) {
-        CAPTURE(l);
-        CHECK(se[l] > 0);
-        CHECK(std::abs(estimate[l] - exact[l]) <= 3 * se[l]);
-      }
+  for_each_history_case(false, [](const Architecture& arch, ModelConfig config, const std::string&) {
+    config.probes = 64;
+    config.exact_jacobian = true;
+    const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 0);
+    const auto& estimate = run.states.at(Figure::log10_grad);
+    const auto& se = run.states.at(Figure::log10_grad_se);
+    const auto& exact = run.states.at(Figure::log10_jacobian_fro_exact);
+    for (std::size_t l = 0; l < exact.size(); ++l) {
+      CAPTURE(l);
+      CHECK(se[l] > 0);
+      CHECK(std::abs(estimate[l] - exact[l]) <= 3 * se[l]);
     }
-  }
+  });
 }
 
 // --spectrum over a history (spectrum.cpp's history sweeps: a JVP carrying every earlier state's
@@ -382,25 +401,18 @@ TEST_CASE(
 // singular values of J_{l->out} match --exact-jacobian's (themselves checked against the
 // reference's autograd Jacobians) to 1e-3 relative at every state, at zero and nonzero queries.
 TEST_CASE("a placement reading a history: --spectrum 4 matches the exact top-4 singular values (float64)") {
-  for (const double query : {0.0, 0.3}) {
-    const Architecture arch = load_placement_text("attnres-history-test.toml", attnres_history_text(query));
-    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
-      ModelConfig config = small_config();
-      config.block = block;
-      config.exact_jacobian = true;
-      config.spectrum = 4;
-      CAPTURE(query);
-      CAPTURE(to_string(block));
-      const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 1);
-      for (int i = 1; i <= 4; ++i) {
-        const auto& estimate = run.states.at({Figure::log10_singular_value, i});
-        const auto& exact = run.states.at({Figure::log10_singular_value_exact, i});
-        for (std::size_t l = 0; l < exact.size(); ++l) {
-          CAPTURE(i);
-          CAPTURE(l);
-          CHECK(std::abs(std::pow(10.0, estimate[l] - exact[l]) - 1.0) <= 1e-3);
-        }
+  for_each_history_case(false, [](const Architecture& arch, ModelConfig config, const std::string&) {
+    config.exact_jacobian = true;
+    config.spectrum = 4;
+    const SeedResult run = analyze_seed(config, arch, resolve_constants(arch, config), 1);
+    for (int i = 1; i <= 4; ++i) {
+      const auto& estimate = run.states.at({Figure::log10_singular_value, i});
+      const auto& exact = run.states.at({Figure::log10_singular_value_exact, i});
+      for (std::size_t l = 0; l < exact.size(); ++l) {
+        CAPTURE(i);
+        CAPTURE(l);
+        CHECK(std::abs(std::pow(10.0, estimate[l] - exact[l]) - 1.0) <= 1e-3);
       }
     }
-  }
+  });
 }

@@ -1,20 +1,22 @@
 #!/usr/bin/python3
 """The placement language's attend (attention over depth, docs/placement-files.md "Reading a history"):
 gradflow against the reference interpreter (tests/reference/placement_file.py, its own attend and an autograd
-backward through the whole history) on tests/placements/history/attnres-history.toml.
+backward through the whole history) on the shipped data/placements/attnres-history.toml (Full AttnRes) and
+attnres-block-history.toml (Block AttnRes: [history] keeps only the block boundaries, --attnres-blocks 2).
 
 Every figure of the run (states' rms and log10_grad, per stream; gain; branch_rms, stream_share) agrees
-within compare.py's tolerance for the pseudo-query at 0 (the paper's init: uniform reads) and at 0.3 (a
-softmax that is not uniform, with the keys' gradient path), for --block attn-ffn and ffn, --norm rms and
-layer (f64). Two more fixtures: two-histories.toml (two history streams, three reads a sublayer, one inside
-F's input) and attend-when.toml (only attention sublayers read a history: with --block ffn none does, so
+within compare.py's tolerance for the pseudo-queries at 0 (--attnres-query 0, the paper's init: uniform reads)
+and at 0.3 (a softmax that is not uniform, with the keys' gradient path), for --block attn-ffn and ffn, --norm
+rms and layer (f64). Two more fixtures: two-histories.toml (two history streams, three reads a sublayer, one
+inside F's input) and attend-when.toml (only attention sublayers read a history: with --block ffn none does, so
 the run is Markov, skip_gain is reported and --spectrum runs). Every comparison also runs --update (issue 30,
 acceptance 1 and 2): one optimizer step with a stepped history, and under --update-params all every read's
 pseudo-query stepped too, against the reference's own step (gradflow_reference.model_update with
 PseudoQueries); a comparison without its update rows fails. --exact-jacobian's Frobenius and spectral norms of
 J_{l->out} at every state agree with the reference's (placement_file.exact_jacobian_history: autograd through the
-whole history, one backward per output coordinate) within 1e-10 in log10. A negative control reads the history of the
-wrong stream (h instead of v) in gradflow's copy only and requires the comparison to fail.
+whole history, one backward per output coordinate) within 1e-10 in log10. Two negative controls run copies in
+gradflow only, one whose reads take h's history instead of v's (Full), one without [history] (Block: every
+state a source), and require the comparison with the shipped file to fail.
 
 Usage: test_attend_reference.py GRADFLOW_BINARY REPOSITORY_ROOT
 """
@@ -26,18 +28,33 @@ import tempfile
 
 BINARY, ROOT = sys.argv[1], sys.argv[2]
 HISTORY = os.path.join(ROOT, "tests", "placements", "history")
-FIXTURE = os.path.join(HISTORY, "attnres-history.toml")
+SHIPPED = os.path.join(ROOT, "data", "placements")
+FULL = "attnres-history"          # Full AttnRes: every state of v is a source
+BLOCK = "attnres-block-history"   # Block AttnRes: [history] keeps p's block boundaries only
 COMPARE = os.path.join(ROOT, "tests", "reference", "compare.py")
 ALL_SGD = ("--update", "sgd", "--update-params", "all")
 
 
-def variant(tmp, name, query):
-    with open(FIXTURE) as f:
+def options(name, query):
+    """The placement's own flags: the pseudo-queries' init and, for Block AttnRes, N = 2 AttnRes blocks (at
+    --depth 3 a block of two and one of one)."""
+    flags = ["--attnres-query", str(query)]
+    return flags + (["--attnres-blocks", "2"] if name == BLOCK else [])
+
+
+def compare_options(name, query):
+    flags = options(name, query)
+    return [a for flag, value in zip(flags[::2], flags[1::2]) for a in ("--placement-option", f"{flag[2:]}={value}")]
+
+
+def wrong_copy(tmp, name, old, new):
+    """A copy of a shipped file under another id, with `old` replaced by `new` (a negative control)."""
+    with open(os.path.join(SHIPPED, name + ".toml")) as f:
         text = f.read()
-    assert "\nquery = 0\n" in text
-    path = os.path.join(tmp, name + ".toml")
+    assert old in text and f'id = "{name}"' in text
+    path = os.path.join(tmp, name + "-wrong.toml")
     with open(path, "w") as f:
-        f.write(text.replace("\nquery = 0\n", f"\nquery = {query}\n"))
+        f.write(text.replace(old, new).replace(f'id = "{name}"', f'id = "{name}-wrong"'))
     return path
 
 
@@ -53,21 +70,20 @@ def compare(path, *args):
 def main():
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for query in (0, 0.3):
-            path = variant(tmp, f"attnres-history-q{query}", query)
+        for name, query in [(n, q) for n in (FULL, BLOCK) for q in (0, 0.3)]:
             for block in ("attn-ffn", "ffn"):
                 for norm in ("rms", "layer"):
-                    code, out = compare(path, "--block", block, "--norm", norm, "--depth", "3", *ALL_SGD)
+                    code, out = compare(name, "--block", block, "--norm", norm, "--depth", "3", *ALL_SGD,
+                                        *compare_options(name, query))
                     ok = code == 0 and "=OK" in out
-                    print(f"{'ok  ' if ok else 'FAIL'} query {query}, --block {block}, --norm {norm}, "
+                    print(f"{'ok  ' if ok else 'FAIL'} {name}, --attnres-query {query}, --block {block}, --norm {norm}, "
                           f"{' '.join(ALL_SGD)}")
                     if not ok:
                         failures.append(out)
-        nonzero = variant(tmp, "attnres-history-q0.3", 0.3)
         for update in (("--update", "adam", "--update-params", "all"), ("--update", "adam")):
-            code, out = compare(nonzero, "--block", "attn-ffn", "--depth", "3", *update)
+            code, out = compare(FULL, "--block", "attn-ffn", "--depth", "3", *update, *compare_options(FULL, 0.3))
             ok = code == 0 and "=OK" in out
-            print(f"{'ok  ' if ok else 'FAIL'} query 0.3, --block attn-ffn, {' '.join(update)}")
+            print(f"{'ok  ' if ok else 'FAIL'} {FULL}, --attnres-query 0.3, --block attn-ffn, {' '.join(update)}")
             if not ok:
                 failures.append(out)
         adam_all = ("--update", "adam", "--update-params", "all")
@@ -93,13 +109,13 @@ def main():
         # --exact-jacobian: the exact J_{l->out} through every later read, against autograd's
         sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
         import placement_file as PF
-        for query in (0, 0.3):
-            path = variant(tmp, f"attnres-history-q{query}", query)
+        for name, query in [(n, q) for n in (FULL, BLOCK) for q in (0, 0.3)]:
+            path = os.path.join(SHIPPED, name + ".toml")
             for block in ("attn-ffn", "ffn"):
                 export, out = os.path.join(tmp, "exact.safetensors"), os.path.join(tmp, "exact.json")
-                subprocess.run([BINARY, "analyze", "--arch", path, "--block", block, "--depth", "3", "--width", "8",
+                subprocess.run([BINARY, "analyze", "--arch", name, "--block", block, "--depth", "3", "--width", "8",
                                 "--heads", "2", "--seq", "4", "--precision", "f64", "--exact-jacobian", "--no-timing",
-                                "-q", "--export-weights", export, "-o", out], check=True)
+                                "-q", "--export-weights", export, "-o", out, *options(name, query)], check=True)
                 with open(out) as f:
                     ours = json.load(f)["runs"][0]["seeds"][0]["states"]
                 stack, x0, _, _, _ = PF.build_from_export(PF.load(path), export, {"block": block})
@@ -107,34 +123,33 @@ def main():
                 gap = max(max(abs(a - b) for a, b in zip(ours["log10_jacobian_fro_exact"], fro)),
                           max(abs(a - b) for a, b in zip(ours["log10_jacobian_spectral_exact"], spectral)))
                 ok = gap <= 1e-10
-                print(f"{'ok  ' if ok else 'FAIL'} --exact-jacobian, query {query}, --block {block}: largest log10 "
+                print(f"{'ok  ' if ok else 'FAIL'} --exact-jacobian, {name}, --attnres-query {query}, --block {block}: largest log10 "
                       f"gap {gap:.2e} over {len(fro)} states")
                 if not ok:
-                    failures.append(f"--exact-jacobian query {query} {block}: gradflow {ours['log10_jacobian_fro_exact']}"
+                    failures.append(f"--exact-jacobian {name} query {query} {block}: gradflow {ours['log10_jacobian_fro_exact']}"
                                     f" reference {fro}")
-        # negative control: gradflow runs a copy whose reads take h's history instead of v's, the reference
-        # interpreter reads the right file on gradflow's exported weights; their gradients must differ.
-        wrong = variant(tmp, "attnres-history-wrong", 0.3)
-        with open(wrong) as f:
-            text = f.read()
-        with open(wrong, "w") as f:
-            f.write(text.replace("attend(v, o, query)", "attend(h, o, query)"))
-        right = variant(tmp, "attnres-history-right", 0.3)
-        export, out = os.path.join(tmp, "wrong.safetensors"), os.path.join(tmp, "wrong.json")
-        subprocess.run([BINARY, "analyze", "--arch", wrong, "--depth", "3", "--width", "16", "--heads", "2",
-                        "--seq", "5", "--precision", "f64", "--no-timing", "-q", "--export-weights", export,
-                        "-o", out], check=True)
-        reference = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "reference", "placement_file.py"),
-                                    right, export], capture_output=True, text=True, check=True)
-        with open(out) as f:
-            ours = json.load(f)["runs"][0]["seeds"][0]["states"]["log10_grad"]
-        theirs = json.loads(reference.stdout)["states"]["log10_grad"]
-        gap = max(abs(a - b) for a, b in zip(ours, theirs))
-        told_apart = gap > 1e-6
-        print(f"{'ok  ' if told_apart else 'FAIL'} negative control: the wrong history is told apart "
-              f"(largest log10_grad gap {gap:.2e})")
-        if not told_apart:
-            failures.append("the negative control agreed with the reference")
+        # negative controls: gradflow runs a copy whose reads take h's history instead of v's (Full AttnRes), or
+        # whose [history] keeps every state (Block AttnRes), the reference interpreter reads the right file on
+        # gradflow's exported weights; their gradients must differ.
+        for name, wrong_from, wrong_to in ((FULL, "attend(v, o, query)", "attend(h, o, query)"),
+                                           (BLOCK, "\n[history]\np = ", "\n# [history]\n# p = ")):
+            wrong = wrong_copy(tmp, name, wrong_from, wrong_to)
+            right = os.path.join(SHIPPED, name + ".toml")
+            export, out = os.path.join(tmp, "wrong.safetensors"), os.path.join(tmp, "wrong.json")
+            subprocess.run([BINARY, "analyze", "--arch", wrong, "--depth", "3", "--width", "16", "--heads", "2",
+                            "--seq", "5", "--precision", "f64", "--no-timing", "-q", "--export-weights", export,
+                            "-o", out, *options(name, 0.3)], check=True)
+            reference = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "reference", "placement_file.py"),
+                                        right, export], capture_output=True, text=True, check=True)
+            with open(out) as f:
+                ours = json.load(f)["runs"][0]["seeds"][0]["states"]["log10_grad"]
+            theirs = json.loads(reference.stdout)["states"]["log10_grad"]
+            gap = max(abs(a - b) for a, b in zip(ours, theirs))
+            told_apart = gap > 1e-6
+            print(f"{'ok  ' if told_apart else 'FAIL'} negative control ({name}): the wrong history is told apart "
+                  f"(largest log10_grad gap {gap:.2e})")
+            if not told_apart:
+                failures.append(f"the negative control of {name} agreed with the reference")
     if failures:
         print("\n".join(failures))
         return 1

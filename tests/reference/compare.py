@@ -5,7 +5,8 @@
         --heads 2 --seq 5 --block attn-ffn --norm rms --init xavier --alpha A --keel-variant v2
         --mix-ratio R --input-corr r --tol 1e-8 --keep DIR --wrong-variant keel-alpha-on-branch
         --ffn gelu|swiglu|geglu|moe --ffn-hidden N --experts E --experts-active K --shared-expert-hidden N
-        --router-gates renormalized|softmax --shared-expert-gate sigmoid|none ...]
+        --router-gates renormalized|softmax --shared-expert-gate sigmoid|none
+        --placement-option attnres-query=0.3 ...]
   ... --all [--strict] [--baselines DIR]   every placement `BIN archs --format json` lists
 
 Runs `BIN analyze --arch ARCH ... --precision f64 --seed 0 --export-weights TMP.safetensors -o TMP.json`,
@@ -201,6 +202,9 @@ def run_gradflow(args, arch, tmp):
             cmd += [flag, str(val)]
     if args.bias:
         cmd.append("--bias")
+    for option in args.placement_option or []:  # a placement file's own [options.KEY] flags: NAME=VALUE
+        name, _, val = option.partition("=")
+        cmd += ["--" + name, val]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return cmd, p, exp, out
 
@@ -442,6 +446,9 @@ def build_parser():
     p.add_argument("--keel-variant", choices=["v1", "v2"])
     p.add_argument("--mix-ratio", type=float)
     p.add_argument("--input-corr", type=float)
+    p.add_argument("--placement-option", action="append", metavar="NAME=VALUE",
+                   help="a placement file's own option, given to gradflow as --NAME VALUE (e.g. attnres-query=0.3); "
+                        "the reference reads its value from the run's config")
     p.add_argument("--ideal-branch", action="store_true",
                    help="gradflow --ideal-branch: every F is a +90 degree rotation in coordinate pairs")
     p.add_argument("--update", choices=["sgd", "adam"],

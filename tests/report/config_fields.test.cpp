@@ -71,6 +71,7 @@ TEST_CASE("the sweep model holds the fields every cell shares and the options re
                                                "mix_ratio",
                                                "rezero_alpha",
                                                "attnres_blocks",
+                                               "attnres_query",
                                                "completep_alpha",
                                                "completep_base_depth"});
   CHECK(json.at("alpha") == "paper's constant");  // unset: the placement's own constant
@@ -110,6 +111,7 @@ TEST_CASE("check compares the configuration fields that change what a run measur
                                                            "router_gates",
                                                            "shared_expert_gate",
                                                            "keel_variant",
+                                                           "attnres_query",
                                                            "completep_alpha",
                                                            "completep_base_depth"});
   CHECK(config_flag("experts_active") == "--experts-active");
