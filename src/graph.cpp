@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "gradflow/errors.hpp"
 #include "gradflow/kernels.hpp"
 
 namespace gradflow {
@@ -71,15 +72,26 @@ Value SublayerGraph::attend(Value stream, Value b, double query_init) {
   return push({NodeOp::attend, stream.id, b.id, query_init});
 }
 
+Value SublayerGraph::history_sum(Value stream, bool mean) {
+  if (stream.id < 0 || stream.id >= input_count_)
+    throw std::logic_error("a history read takes the history of an input stream");
+  return push({mean ? NodeOp::history_mean : NodeOp::history_sum, stream.id});
+}
+
+namespace {
+bool is_history_read(NodeOp op) {
+  return op == NodeOp::attend || op == NodeOp::history_sum || op == NodeOp::history_mean;
+}
+}  // namespace
+
 bool SublayerGraph::reads_history() const {
-  return std::any_of(nodes_.begin(), nodes_.end(),
-                     [](const Node& node) { return node.op == NodeOp::attend; });
+  return std::any_of(nodes_.begin(), nodes_.end(), [](const Node& node) { return is_history_read(node.op); });
 }
 
 void SublayerGraph::mark_history_streams(std::vector<bool>& history_streams) const {
   history_streams.resize(static_cast<std::size_t>(input_count_), false);
   for (const Node& node : nodes_)
-    if (node.op == NodeOp::attend) history_streams[static_cast<std::size_t>(node.lhs)] = true;
+    if (is_history_read(node.op)) history_streams[static_cast<std::size_t>(node.lhs)] = true;
 }
 
 void SublayerGraph::mark_update(Value update, Value sum) {
@@ -131,6 +143,9 @@ bool recompute_can_skip_branch_output(const SublayerGraph& graph, std::vector<ch
       case NodeOp::branch:
       case NodeOp::attend:  // its backward needs its sources' values
         return false;
+      case NodeOp::history_sum:  // reads input streams only, so never after the branch
+      case NodeOp::history_mean:
+        break;
     }
   }
   const int update = graph.update_id();
@@ -256,6 +271,22 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
         out = reads_[id].out;
         break;
       }
+      case NodeOp::history_sum:
+      case NodeOp::history_mean: {  // fixed weights: the member states' running sum, or their mean
+        const auto stream = static_cast<std::size_t>(node.lhs);
+        if (context.history == nullptr) throw std::logic_error("a history read needs the stack's history");
+        const auto& history = *context.history;
+        if (stream < history.prefix.size() && history.prefix[stream] != nullptr) {
+          out = *history.prefix[stream];
+        } else {
+          out.setZero(a.rows(), a.cols());
+          if (stream < history.earlier.size())
+            for (const DepthSource<Scalar>& source : history.earlier[stream]) out += *source.value;
+        }
+        if (graph.history_member(node.lhs)) out += a;
+        if (node.op == NodeOp::history_mean) out *= history_weight(graph, node, context);
+        break;
+      }
       case NodeOp::branch:
         if (context.branch == BranchKind::rotation) {
           rotation_forward(a, out);
@@ -361,6 +392,16 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
                                          d_query);
         break;
       }
+      case NodeOp::history_sum:
+      case NodeOp::history_mean: {  // weight * g to every member state: the input now, the earlier
+        // ones once, spread by the stack (StackRun::add_history_cotangent; unset: not wanted)
+        const auto stream = static_cast<std::size_t>(node.lhs);
+        const Scalar weight = history_weight(graph, node, context);
+        if (graph.history_member(node.lhs)) d_a += weight * d_out;
+        const auto& shares = context.history->uniform_share;
+        if (stream < shares.size() && shares[stream] != nullptr) *shares[stream] += weight * d_out;
+        break;
+      }
       case NodeOp::branch: {
         if (path == BranchPath::cut) break;
         // Nodes come in topological order, so none before the branch reads it: to_weights stops.
@@ -442,6 +483,22 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
                                     d_out);
         break;
       }
+      case NodeOp::history_sum:
+      case NodeOp::history_mean: {  // the earlier member states' tangents if the history has them
+        const auto stream = static_cast<std::size_t>(node.lhs);
+        const auto& t_prefix = context.history->t_prefix;
+        const auto& t_earlier = context.history->t_earlier;
+        if (stream < t_prefix.size() && t_prefix[stream] != nullptr) {
+          d_out = *t_prefix[stream];
+        } else {
+          d_out.setZero(rows, values_[id].cols());
+          if (stream < t_earlier.size())
+            for (const Mat<Scalar>* tangent : t_earlier[stream]) d_out += *tangent;
+        }
+        if (graph.history_member(node.lhs)) d_out += d_a;
+        d_out *= history_weight(graph, node, context);
+        break;
+      }
       case NodeOp::branch:
         if (context.branch == BranchKind::rotation) {
           rotation_forward(d_a, d_out);
@@ -503,6 +560,23 @@ Scalar GraphExecutor<Scalar>::uniform_weight(const SublayerGraph& graph, const N
   const std::size_t count =
       (static_cast<std::size_t>(node.lhs) < earlier.size() ? earlier[node.lhs].size() : 0) +
       (graph.history_member(node.lhs) ? 2 : 1);
+  return Scalar(1) / static_cast<Scalar>(count);
+}
+
+// A fixed-weight read's weight on each of its member states: 1 for history_sum, 1/n for the n of
+// history_mean (the earlier member states and the input when it is a member; at least one).
+template <typename Scalar>
+Scalar GraphExecutor<Scalar>::history_weight(const SublayerGraph& graph, const Node& node,
+                                             const BranchContext<Scalar>& context) {
+  if (node.op != NodeOp::history_mean) return Scalar(1);
+  const auto& earlier = context.history->earlier;
+  const std::size_t count =
+      (static_cast<std::size_t>(node.lhs) < earlier.size() ? earlier[node.lhs].size() : 0) +
+      (graph.history_member(node.lhs) ? 1 : 0);
+  if (count == 0)
+    throw InputError(
+        "history_mean(...) reads a stream's history before any of its states is a member: its "
+        "[history] condition must hold at some state at or before the read (e.g. l == 0)");
   return Scalar(1) / static_cast<Scalar>(count);
 }
 

@@ -17,14 +17,16 @@ struct Value {
 };
 
 enum class NodeOp {
-  add,     // a + b
-  scale,   // factor * a
-  norm,    // N(a): a fresh instance of the configured norm (own gamma = 1)
-  unit,    // a / norm(a) per token (nGPT)
-  branch,  // F(a): the sublayer's attention or FFN; the only node that is not on the skip path
-  attend,  // attention over depth (depth_attention.hpp): a softmax read over the history of input
-           // stream a (its values at states 0 .. l, this sublayer's input last) and then b, with a
-           // pseudo-query that starts as `factor` in every entry (AttnRes: 0)
+  add,           // a + b
+  scale,         // factor * a
+  norm,          // N(a): a fresh instance of the configured norm (own gamma = 1)
+  unit,          // a / norm(a) per token (nGPT)
+  branch,        // F(a): the sublayer's attention or FFN; the only node that is not on the skip path
+  attend,        // attention over depth (depth_attention.hpp): a softmax read over the history of input
+                 // stream a (its values at states 0 .. l, this sublayer's input last) and then b, with a
+                 // pseudo-query that starts as `factor` in every entry (AttnRes: 0)
+  history_sum,   // the fixed-weight reads of the history of input stream a (its member states among
+  history_mean,  // 0 .. l): their sum, or their mean (DenseFormer's depth-weighted averages)
 };
 
 struct Node {
@@ -48,6 +50,9 @@ class SublayerGraph {
   // its pseudo-query starting as query_init in every entry. Its earlier sources come from
   // BranchContext::history; the input (state l) is a source when it is a member.
   Value attend(Value stream, Value b, double query_init);
+  // history_sum(s), history_mean(s): the sum or the mean of input stream s's member states among
+  // 0 .. l (this sublayer's input last, when it is a member); fixed weights, no parameter.
+  Value history_sum(Value stream, bool mean);
   // History membership (a placement file's [history]): whether this sublayer's input, state l, of
   // input stream s is one of the sources of s's history, for this sublayer's reads and every later
   // one. Every state is unless set otherwise (Block AttnRes keeps only its block boundaries).
@@ -249,6 +254,8 @@ class GraphExecutor {
                       const BranchContext<Scalar>& context);
   const Mat<Scalar>& query(const Node& node, int id, const BranchContext<Scalar>& context);
   static Scalar uniform_weight(const SublayerGraph& graph, const Node& node,
+                               const BranchContext<Scalar>& context);
+  static Scalar history_weight(const SublayerGraph& graph, const Node& node,
                                const BranchContext<Scalar>& context);
 };
 

@@ -57,9 +57,10 @@ double learning_rate_scale(const PlacementDefinition& def, const SublayerContext
   return value;
 }
 
-// The streams whose history some attend in the file reads (its first argument, a stream name).
+// The streams whose history some read in the file takes (attend, history_sum, history_mean: the
+// first argument, a stream name).
 void attended_streams(const placement::Expr& e, std::set<std::string>& streams) {
-  if (e.kind == placement::ExprKind::call && e.text == "attend" && !e.args.empty())
+  if (e.kind == placement::ExprKind::call && placement::is_history_read(e.text) && !e.args.empty())
     streams.insert(e.args[0].text);
   for (const placement::Expr& a : e.args) attended_streams(a, streams);
 }

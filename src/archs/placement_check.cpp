@@ -24,9 +24,10 @@ int arity(std::string_view function) {
   return 1;
 }
 
-// True when e holds attend(stream, ...): a read of that stream's history.
+// True when e holds attend(stream, ...), history_sum(stream) or history_mean(stream): a read of
+// that stream's history.
 bool reads_history_of(const Expr& e, const std::string& stream) {
-  if (e.kind == ExprKind::call && e.text == "attend" && !e.args.empty() && e.args[0].text == stream)
+  if (e.kind == ExprKind::call && is_history_read(e.text) && !e.args.empty() && e.args[0].text == stream)
     return true;
   return std::any_of(e.args.begin(), e.args.end(),
                      [&](const Expr& a) { return reads_history_of(a, stream); });
@@ -146,7 +147,7 @@ class Checker {
       known.insert(known.end(), s_.def->streams.begin(), s_.def->streams.end());
       if (s_.bindings)
         for (const auto& [name, value] : *s_.bindings) known.push_back(name);
-      known.insert(known.end(), {"N", "U", "F", "attend"});
+      known.insert(known.end(), {"N", "U", "F", "attend", "history_sum", "history_mean"});
     }
     known.insert(known.end(), {"sqrt", "exp", "log", "floor", "min", "max", "mod", "if"});
     const std::string nearest = nearest_name(e.text, known);
@@ -157,6 +158,7 @@ class Checker {
   void call(Expr& e) {
     if (e.text == "N" || e.text == "U" || e.text == "F") return tensor_call(e);
     if (e.text == "attend") return attend_call(e);
+    if (e.text == "history_sum" || e.text == "history_mean") return history_call(e);
     if (!is_function(e.text)) unknown(e, "function");
     if (static_cast<int>(e.args.size()) != arity(e.text))
       fail(e, fmt::format("{}() takes {} argument(s), not {}", e.text, arity(e.text), e.args.size()));
@@ -204,6 +206,24 @@ class Checker {
     check(e.args[0]);
     tensor(e.args[1]);
     if (e.args.size() == 3) constant(e.args[2]);
+    inherit(e);
+  }
+
+  // history_sum(STREAM), history_mean(STREAM): the fixed-weight reads of the stream's member states
+  // among 0 .. l (docs/placement-files.md, "Reading a history").
+  void history_call(Expr& e) {
+    if (!s_.tensors) fail(e, fmt::format("{}(...) is a tensor; expected a constant expression here", e.text));
+    if (!s_.branch)
+      fail(e, fmt::format("{}(...) can only be used in a [[sublayer]] rule, not in the output head; keep the "
+                          "final read in a stream and name that stream in the output",
+                          e.text));
+    const PlacementDefinition& def = *s_.def;
+    if (e.args.size() != 1 || e.args[0].kind != ExprKind::name ||
+        std::find(def.streams.begin(), def.streams.end(), e.args[0].text) == def.streams.end())
+      fail(e, fmt::format("{}(...) takes one stream name: the history it reads is that stream's values at "
+                          "its member states",
+                          e.text));
+    check(e.args[0]);
     inherit(e);
   }
 

@@ -17,9 +17,9 @@ std::string Origin::where(int offset) const {
 
 namespace {
 constexpr std::array kFunctions = {"sqrt", "exp", "log", "floor", "min", "max", "mod", "if"};
-constexpr std::array kReserved = {"S",    "B",          "l",    "b",   "d",        "T", "heads",
-                                  "kind", "block_kind", "attn", "ffn", "attn_ffn", "N", "U",
-                                  "F",    "attend",     "and",  "or",  "not"};
+constexpr std::array kReserved = {
+    "S",        "B", "l", "b", "d",      "T",           "heads",        "kind", "block_kind", "attn", "ffn",
+    "attn_ffn", "N", "U", "F", "attend", "history_sum", "history_mean", "and",  "or",         "not"};
 
 class Parser {
  public:

@@ -166,6 +166,8 @@ class GraphBuilder {
     const Value arg = build(e.args[0]);
     if (e.text == "N") return g_.norm(arg);
     if (e.text == "U") return g_.unit(arg);
+    if (e.text == "history_sum" || e.text == "history_mean")  // arg: the input stream whose history is read
+      return g_.history_sum(arg, e.text == "history_mean");
     if (e.text == "attend") {  // arg: the input stream whose history is read
       const Value extra = build(e.args[1]);
       return g_.attend(arg, extra, e.args.size() == 3 ? values_.value(e.args[2]) : 0.0);

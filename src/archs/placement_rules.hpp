@@ -75,6 +75,11 @@ struct PlacementDefinition {
   std::deque<Origin> origins;  // stable storage for every Expr's origin
 };
 
+// attend, history_sum and history_mean: the calls that read the history of the stream named first.
+inline bool is_history_read(std::string_view function) {
+  return function == "attend" || function == "history_sum" || function == "history_mean";
+}
+
 // The static checks (names, types, F once, targets, bindings, constant cycles); fills the marked
 // update/sum, `additive` and the inferred units of the constants. Throws ExprError.
 void check_definition(PlacementDefinition& def);

@@ -135,6 +135,13 @@ CASES = [
               r"\[history\] names 'y', which is not a stream \(streams = \[x\]\)"),
     placement("history of a stream no rule attends", '[history]\nx = "l == 0"\n' + rule("x <- x + F(N(x))"),
               r"\[history\] x: no rule reads x's history; write attend\(x, \.\.\.\)"),
+    placement("history_sum of a binding, not a stream", rule("o = F(N(x)); x <- x + o + history_sum(o)"),
+              r"history_sum\(\.\.\.\) takes one stream name"),
+    placement("history_mean in the output head", rule("x <- x + F(N(x))"), r"history_mean\(\.\.\.\) can only be used "
+              r"in a \[\[sublayer\]\] rule", head=HEAD.replace('output = "N(x)"', 'output = "N(history_mean(x))"')),
+    Case("history_mean before any member state", ["analyze", "--arch", "{dir}/p.toml", *TINY, "-o", "{dir}/out.json"],
+         message=r"history_mean\(\.\.\.\) reads a stream's history before any of its states is a member",
+         files={"p.toml": HEAD + '[history]\nx = "l >= 1"\n' + rule("x <- x + F(N(history_mean(x)))")}),
     placement("history membership not a condition", '[history]\nx = "l + 1"\n' + rule("x <- attend(x, F(N(x)))"),
               r"expected a condition such as 'l == 0'"),
     placement("option that refuses without saying what it sets",

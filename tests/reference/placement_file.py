@@ -33,12 +33,14 @@ CONSTANT_KEYS = {"value", "option", "formula", "unit"}
 WHEN_UNUSED = ("warn", "ignore", "refuse")
 REQUIRES_KEYS = {"condition", "message"}  # [P] "`[[requires]]`"
 SUBLAYER_KEYS = {"when", "rule", "qkv_norm", "score_scale", "ffn_hidden_scale", "skip_gain", "update", "sum"}
-RESERVED = set("S B l b d T heads kind block_kind attn ffn attn_ffn N U F attend sqrt exp log min max floor "
+RESERVED = set("S B l b d T heads kind block_kind attn ffn attn_ffn N U F attend history_sum history_mean sqrt exp log "
+               "min max floor "
                "mod if and or not".split())
 SIZES = ("S", "B", "d", "T", "heads")
 KIND_WORDS = {"attn": "attn", "ffn": "ffn", "attn_ffn": "attn-ffn"}  # [P] Conditions: kind / block_kind values
 QKV_NORMS = ("none", "per_head_qkv", "full_qk", "per_head_qk_unit")  # [P] `qkv_norm`
-TENSOR_FUNCS = ("N", "U", "F", "attend")
+HISTORY_READS = ("attend", "history_sum", "history_mean")  # [P] "Reading a history": the stream named first
+TENSOR_FUNCS = ("N", "U", "F") + HISTORY_READS
 CONST_FUNCS = {"sqrt": 1, "exp": 1, "log": 1, "floor": 1, "min": 2, "max": 2, "mod": 2, "if": 3}
 COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
 
@@ -787,7 +789,8 @@ class FileStack:
         self.kinds = [("attn" if l % 2 == 0 else "ffn") if block == "attn-ffn" else block for l in range(self.S)]
         self.streams = list(placement.streams)
         if _attended(placement.output):
-            raise FileError(f"{placement.source}: attend(...) is not allowed in the output head")
+            raise FileError(f"{placement.source}: a history read (attend, history_sum, history_mean) is not allowed "
+                            "in the output head")
         self.admin_w = None
         self.Q = None  # --update-params all: gradflow_reference.PseudoQueries, the reads' w as parameters
         self.where = [self._where(l) for l in range(self.S)]
@@ -901,6 +904,8 @@ class Evaluation:
             return self.bound[node.value]
         if k == "call" and node.op == "attend":
             return self.attend(node)
+        if k == "call" and node.op in ("history_sum", "history_mean"):
+            return self.history_read(node)
         if k == "call":
             if node.op not in TENSOR_FUNCS or len(node.args) != 1:
                 raise FileError(f"{node.op}() of a tensor")
@@ -934,6 +939,19 @@ class Evaluation:
         w = torch.full((V.shape[-1],), q, dtype=V.dtype) if self.st.Q is None else self.st.Q(self.l, q, V)
         alpha = torch.einsum("d,ntd->nt", w, keys).softmax(dim=0)
         return torch.einsum("nt,ntd->td", alpha, V)
+
+    def history_read(self, node):
+        """[P] `history_sum(s)`, `history_mean(s)`: the sum, or the mean, of stream s's values at its member states
+        among 0 .. l (the earlier ones, then this sublayer's input if it is a member); fixed weights."""
+        stream = node.args[0].value
+        own = [self.inputs[stream]] if self.st.member(stream, self.l) else []
+        V = list(self.history.get(stream, [])) + own
+        if not V:
+            if node.op == "history_sum":
+                return torch.zeros_like(self.inputs[stream])
+            raise FileError(f"history_mean({stream}) at sublayer {self.l} reads no member state")
+        total = torch.stack(V).sum(dim=0)
+        return total / len(V) if node.op == "history_mean" else total
 
     def branch(self, x):
         """F ([P] "F(e)"): attention or FFN with the entry's options, or gradflow --ideal-branch's rotation."""
@@ -985,8 +1003,8 @@ def scale(x, c):
 
 
 def _attended(node):
-    """The streams named as attend's first argument in `node`."""
-    found = {node.args[0].value} if node.kind == "call" and node.op == "attend" else set()
+    """The streams whose history `node` reads (the first argument of attend, history_sum, history_mean)."""
+    found = {node.args[0].value} if node.kind == "call" and node.op in HISTORY_READS else set()
     for a in node.args:
         found |= _attended(a)
     return found
