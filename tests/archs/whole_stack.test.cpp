@@ -202,40 +202,58 @@ TEST_CASE("whole-stack gradients hold for every placement with the mixture-of-ex
 }
 
 namespace {
-// The shipped placements that read a history (data/placements/), with --attnres-query in every
-// entry of every pseudo-query: Full AttnRes (stream v holds the newest source, h the read over every
-// source so far) and Block AttnRes (stream p the partial sum, its history kept at the block
-// boundaries by [history]) with N = 2 AttnRes blocks: at B = 3 a block of two and one of one.
-constexpr std::array<const char*, 2> kHistoryPlacements = {"attnres-history", "attnres-block-history"};
+// The placements that read a history, each with the options it is checked at: the shipped Full and
+// Block AttnRes (stream v / p holding the sources, h the read; Block AttnRes's history kept at the
+// block boundaries by [history], with N = 2 AttnRes blocks: at B = 3 a block of two and one of one)
+// at the paper's zero pseudo-queries and at 0.3; DenseFormer's DWA over its block outputs
+// (history_sum) with uniform weights; and tests/placements/history/fixed-weights.toml (history_sum
+// and history_mean of a stream that keeps every other state).
+struct HistoryVariant {
+  const char* placement;  // an id, or a file of tests/placements/history/
+  const char* label;
+  std::map<std::string, OptionValue, std::less<>> options;
+};
 
-// config with the options of one history placement: the pseudo-queries' init and, for Block
-// AttnRes, N = 2.
-ModelConfig with_history_options(ModelConfig config, std::string_view name, double query) {
-  config.options["attnres_query"] = query;
-  if (name == "attnres-block-history") config.options["attnres_blocks"] = 2.0;
-  return config;
+const std::vector<HistoryVariant>& history_variants() {
+  static const std::vector<HistoryVariant> variants = {
+      {"attnres-history", "--attnres-query 0", {{"attnres_query", 0.0}}},
+      {"attnres-history", "--attnres-query 0.3", {{"attnres_query", 0.3}}},
+      {"attnres-block-history", "--attnres-query 0", {{"attnres_query", 0.0}, {"attnres_blocks", 2.0}}},
+      {"attnres-block-history", "--attnres-query 0.3", {{"attnres_query", 0.3}, {"attnres_blocks", 2.0}}},
+      {"denseformer-history", "--dwa-init uniform", {{"dwa_init", std::string("uniform")}}},
+      {"fixed-weights.toml", "", {}},
+  };
+  return variants;
 }
 
-// Every history placement at the paper's zero init and at a nonzero query, x the block kinds (x the
-// norms when `norms`): the placement and config each check below runs on.
+// The variant's placement: from the registry, or read from tests/placements/history/.
+Architecture history_placement(const HistoryVariant& variant) {
+  const std::string_view name = variant.placement;
+  if (!name.ends_with(".toml")) return find_architecture(name);
+  std::ifstream file(fmt::format("{}/placements/history/{}", GRADFLOW_TEST_DIR, name));
+  std::stringstream text;
+  text << file.rdbuf();
+  return load_placement_text(std::string(name), text.str());
+}
+
+// Every history variant x the block kinds (x the norms when `norms`): the placement and config each
+// check below runs on.
 template <typename Check>
 void for_each_history_case(bool norms, Check check) {
-  for (const char* name : kHistoryPlacements) {
-    const Architecture& arch = find_architecture(name);
-    for (const double query : {0.0, 0.3}) {
-      for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
-        for (const NormKind norm : {NormKind::rms, NormKind::layer}) {
-          if (!norms && norm != NormKind::rms) continue;
-          ModelConfig config = with_history_options(small_config(), name, query);
-          config.block = block;
-          config.norm = norm;
-          const std::string placement = name;
-          CAPTURE(placement);
-          CAPTURE(query);
-          CAPTURE(to_string(block));
-          CAPTURE(to_string(norm));
-          check(arch, config, fmt::format("{}, --attnres-query {}", name, query));
-        }
+  for (const HistoryVariant& variant : history_variants()) {
+    const Architecture arch = history_placement(variant);
+    for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
+      for (const NormKind norm : {NormKind::rms, NormKind::layer}) {
+        if (!norms && norm != NormKind::rms) continue;
+        ModelConfig config = small_config();
+        config.options = variant.options;
+        config.block = block;
+        config.norm = norm;
+        const std::string what = fmt::format("{} {}", variant.placement, variant.label);
+        CAPTURE(what);
+        CAPTURE(to_string(block));
+        CAPTURE(to_string(norm));
+        check(arch, config, what);
       }
     }
   }
@@ -271,7 +289,9 @@ TEST_CASE(
       const std::string placement = name;
       CAPTURE(placement);
       CAPTURE(to_string(block));
-      const ModelConfig history_config = with_history_options(config, name, 0.0);
+      ModelConfig history_config = config;
+      history_config.options["attnres_query"] = 0.0;
+      if (std::string_view(shipped) == "attnres-block") history_config.options["attnres_blocks"] = 2.0;
       const SeedResult with_history =
           analyze_seed(history_config, history, resolve_constants(history, history_config), 3);
       if (std::string_view(shipped) == "attnres-block") config.options["attnres_blocks"] = 2.0;  // the same N
@@ -287,18 +307,46 @@ TEST_CASE(
   }
 }
 
+// Issue 30, acceptance 3: DenseFormer at its identity init (alpha_{i,i} = 1, every earlier weight 0)
+// is its base placement bit for bit; written with its history of block outputs (history_sum times 0
+// adds exact zeros), its stream y has denseformer.toml's one stream's rms bit for bit, state by state, in
+// the forward pass, and in the gradient to rounding (X's history is read with weight 0).
+TEST_CASE("denseformer-history at its identity init: y is denseformer's stream (rms bit for bit)") {
+  const Architecture& history = find_architecture("denseformer-history");
+  const Architecture& base = find_architecture("denseformer");
+  for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
+    ModelConfig config = small_config();
+    config.blocks = 6;
+    config.block = block;
+    CAPTURE(to_string(block));
+    const SeedResult with_history = analyze_seed(config, history, resolve_constants(history, config), 5);
+    const SeedResult one_stream = analyze_seed(config, base, resolve_constants(base, config), 5);
+    CHECK(with_history.streams.at(1).states.at(Figure::rms) == one_stream.states.at(Figure::rms));
+    // The gradient to rounding: a history stack's cotangents keep the output's scale where the
+    // Markov stack renormalises them at every state.
+    const auto& read = with_history.streams.at(1).states.at(Figure::log10_grad);
+    const auto& expected = one_stream.states.at(Figure::log10_grad);
+    REQUIRE(read.size() == expected.size());
+    for (std::size_t l = 0; l < read.size(); ++l) {
+      CAPTURE(l);
+      CHECK(std::abs(read[l] - expected[l]) <= 1e-13);
+    }
+  }
+}
+
 // A read whose pseudo-query is exactly zero keeps the uniform mean as a running sum (DepthHistory::
 // prefix) and spreads its backward shares once (StackRun::add_history_cotangent): the same figures as
 // reading every source, to rounding, in the forward pass and in every gradient.
 TEST_CASE("attend's uniform-read shortcut gives the figures of the full read") {
   AnalysisHooks full;
   full.attend_in_full = true;
-  for (const char* name : kHistoryPlacements) {
-    const Architecture& arch = find_architecture(name);
+  for (const HistoryVariant& variant : history_variants()) {
+    const Architecture arch = history_placement(variant);
     for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
-      const std::string placement = name;
-      CAPTURE(placement);
-      ModelConfig config = with_history_options(small_config(), name, 0.0);
+      const std::string what = fmt::format("{} {}", variant.placement, variant.label);
+      CAPTURE(what);
+      ModelConfig config = small_config();
+      config.options = variant.options;
       config.blocks = 8;
       config.block = block;
       config.probes = 3;

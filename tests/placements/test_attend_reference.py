@@ -35,26 +35,39 @@ COMPARE = os.path.join(ROOT, "tests", "reference", "compare.py")
 ALL_SGD = ("--update", "sgd", "--update-params", "all")
 
 
+FIXED = os.path.join(HISTORY, "fixed-weights.toml")  # history_sum and history_mean, every other state kept
+# (placement or file, its own flags): AttnRes at the paper's zero pseudo-queries and at 0.3 (Block AttnRes with
+# N = 2: at --depth 3 a block of two and one of one), DenseFormer's DWA at its identity init and with uniform
+# weights (history_sum), and the fixed-weight fixture.
+CASES = [(FULL, ["--attnres-query", "0"]), (FULL, ["--attnres-query", "0.3"]),
+         (BLOCK, ["--attnres-query", "0", "--attnres-blocks", "2"]),
+         (BLOCK, ["--attnres-query", "0.3", "--attnres-blocks", "2"]),
+         ("denseformer-history", ["--dwa-init", "identity"]), ("denseformer-history", ["--dwa-init", "uniform"]),
+         (FIXED, [])]
+
+
 def options(name, query):
-    """The placement's own flags: the pseudo-queries' init and, for Block AttnRes, N = 2 AttnRes blocks (at
-    --depth 3 a block of two and one of one)."""
-    flags = ["--attnres-query", str(query)]
-    return flags + (["--attnres-blocks", "2"] if name == BLOCK else [])
+    """Full or Block AttnRes's flags: the pseudo-queries' init and, for Block AttnRes, N = 2."""
+    return next(flags for n, flags in CASES if n == name and flags[1] == str(query))
 
 
-def compare_options(name, query):
-    flags = options(name, query)
+def compare_options(flags):
     return [a for flag, value in zip(flags[::2], flags[1::2]) for a in ("--placement-option", f"{flag[2:]}={value}")]
+
+
+def file_of(name):
+    return name if name.endswith(".toml") else os.path.join(SHIPPED, name + ".toml")
 
 
 def wrong_copy(tmp, name, old, new):
     """A copy of a shipped file under another id, with `old` replaced by `new` (a negative control)."""
-    with open(os.path.join(SHIPPED, name + ".toml")) as f:
+    with open(file_of(name)) as f:
         text = f.read()
-    assert old in text and f'id = "{name}"' in text
-    path = os.path.join(tmp, name + "-wrong.toml")
+    placement_id = os.path.basename(name)[:-len(".toml")] if name.endswith(".toml") else name
+    assert old in text and f'id = "{placement_id}"' in text
+    path = os.path.join(tmp, placement_id + "-wrong.toml")
     with open(path, "w") as f:
-        f.write(text.replace(old, new).replace(f'id = "{name}"', f'id = "{name}-wrong"'))
+        f.write(text.replace(old, new).replace(f'id = "{placement_id}"', f'id = "{placement_id}-wrong"'))
     return path
 
 
@@ -70,18 +83,18 @@ def compare(path, *args):
 def main():
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, query in [(n, q) for n in (FULL, BLOCK) for q in (0, 0.3)]:
+        for name, flags in CASES:
             for block in ("attn-ffn", "ffn"):
                 for norm in ("rms", "layer"):
                     code, out = compare(name, "--block", block, "--norm", norm, "--depth", "3", *ALL_SGD,
-                                        *compare_options(name, query))
+                                        *compare_options(flags))
                     ok = code == 0 and "=OK" in out
-                    print(f"{'ok  ' if ok else 'FAIL'} {name}, --attnres-query {query}, --block {block}, --norm {norm}, "
-                          f"{' '.join(ALL_SGD)}")
+                    print(f"{'ok  ' if ok else 'FAIL'} {os.path.basename(name)} {' '.join(flags)}, --block {block}, "
+                          f"--norm {norm}, {' '.join(ALL_SGD)}")
                     if not ok:
                         failures.append(out)
         for update in (("--update", "adam", "--update-params", "all"), ("--update", "adam")):
-            code, out = compare(FULL, "--block", "attn-ffn", "--depth", "3", *update, *compare_options(FULL, 0.3))
+            code, out = compare(FULL, "--block", "attn-ffn", "--depth", "3", *update, *compare_options(options(FULL, 0.3)))
             ok = code == 0 and "=OK" in out
             print(f"{'ok  ' if ok else 'FAIL'} {FULL}, --attnres-query 0.3, --block attn-ffn, {' '.join(update)}")
             if not ok:
@@ -109,13 +122,13 @@ def main():
         # --exact-jacobian: the exact J_{l->out} through every later read, against autograd's
         sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
         import placement_file as PF
-        for name, query in [(n, q) for n in (FULL, BLOCK) for q in (0, 0.3)]:
-            path = os.path.join(SHIPPED, name + ".toml")
+        for name, flags in CASES:
+            path = file_of(name)
             for block in ("attn-ffn", "ffn"):
                 export, out = os.path.join(tmp, "exact.safetensors"), os.path.join(tmp, "exact.json")
                 subprocess.run([BINARY, "analyze", "--arch", name, "--block", block, "--depth", "3", "--width", "8",
                                 "--heads", "2", "--seq", "4", "--precision", "f64", "--exact-jacobian", "--no-timing",
-                                "-q", "--export-weights", export, "-o", out, *options(name, query)], check=True)
+                                "-q", "--export-weights", export, "-o", out, *flags], check=True)
                 with open(out) as f:
                     ours = json.load(f)["runs"][0]["seeds"][0]["states"]
                 stack, x0, _, _, _ = PF.build_from_export(PF.load(path), export, {"block": block})
@@ -123,22 +136,23 @@ def main():
                 gap = max(max(abs(a - b) for a, b in zip(ours["log10_jacobian_fro_exact"], fro)),
                           max(abs(a - b) for a, b in zip(ours["log10_jacobian_spectral_exact"], spectral)))
                 ok = gap <= 1e-10
-                print(f"{'ok  ' if ok else 'FAIL'} --exact-jacobian, {name}, --attnres-query {query}, --block {block}: largest log10 "
+                print(f"{'ok  ' if ok else 'FAIL'} --exact-jacobian, {os.path.basename(name)} {' '.join(flags)}, --block {block}: largest log10 "
                       f"gap {gap:.2e} over {len(fro)} states")
                 if not ok:
-                    failures.append(f"--exact-jacobian {name} query {query} {block}: gradflow {ours['log10_jacobian_fro_exact']}"
+                    failures.append(f"--exact-jacobian {name} {flags} {block}: gradflow {ours['log10_jacobian_fro_exact']}"
                                     f" reference {fro}")
         # negative controls: gradflow runs a copy whose reads take h's history instead of v's (Full AttnRes), or
         # whose [history] keeps every state (Block AttnRes), the reference interpreter reads the right file on
         # gradflow's exported weights; their gradients must differ.
         for name, wrong_from, wrong_to in ((FULL, "attend(v, o, query)", "attend(h, o, query)"),
-                                           (BLOCK, "\n[history]\np = ", "\n# [history]\n# p = ")):
+                                           (BLOCK, "\n[history]\np = ", "\n# [history]\n# p = "),
+                                           (FIXED, "0.3*history_sum(a)", "0.3*history_mean(a)")):
             wrong = wrong_copy(tmp, name, wrong_from, wrong_to)
-            right = os.path.join(SHIPPED, name + ".toml")
+            right = file_of(name)
             export, out = os.path.join(tmp, "wrong.safetensors"), os.path.join(tmp, "wrong.json")
             subprocess.run([BINARY, "analyze", "--arch", wrong, "--depth", "3", "--width", "16", "--heads", "2",
                             "--seq", "5", "--precision", "f64", "--no-timing", "-q", "--export-weights", export,
-                            "-o", out, *options(name, 0.3)], check=True)
+                            "-o", out, *(options(name, 0.3) if name != FIXED else [])], check=True)
             reference = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "reference", "placement_file.py"),
                                         right, export], capture_output=True, text=True, check=True)
             with open(out) as f:
@@ -146,7 +160,7 @@ def main():
             theirs = json.loads(reference.stdout)["states"]["log10_grad"]
             gap = max(abs(a - b) for a, b in zip(ours, theirs))
             told_apart = gap > 1e-6
-            print(f"{'ok  ' if told_apart else 'FAIL'} negative control ({name}): the wrong history is told apart "
+            print(f"{'ok  ' if told_apart else 'FAIL'} negative control ({os.path.basename(name)}): the wrong history is told apart "
                   f"(largest log10_grad gap {gap:.2e})")
             if not told_apart:
                 failures.append(f"the negative control of {name} agreed with the reference")

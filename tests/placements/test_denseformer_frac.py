@@ -283,7 +283,7 @@ def main():
         copy_as(dense_path, "denseformer-half", registry, [half])
         copy_as(dense_path, "denseformer-half-p2", registry,
                 [half, (r'^dwa_period = \{ value = 1,', "dwa_period = { value = 2,")])
-        copy_as(dense_path, "denseformer-history", registry,
+        copy_as(dense_path, "denseformer-earlier", registry,
                 [(r'^dwa_earlier = \{ value = 0,', "dwa_earlier = { value = 0.1,")])
         for n in (1, 4):
             with open(os.path.join(registry, f"hc{n}-generated.toml"), "w") as handle:
@@ -299,7 +299,7 @@ def main():
         base, half_run = gradflow.analyze(["pre-ln", "denseformer-half"], SMALL)
         check(without_timing(base["seeds"]) != without_timing(half_run["seeds"]),
               "(i) denseformer with alpha_{i,i} = 0.5 gives pre-ln's figures: the DWA weight is not in the rule")
-        refused = gradflow.run(["denseformer-history"], SMALL)
+        refused = gradflow.run(["denseformer-earlier"], SMALL)
         check(refused.returncode == 2 and "history" in refused.stderr,
               f"(i) a nonzero weight on the history is not refused (exit {refused.returncode})")
 
