@@ -72,55 +72,34 @@ void StackRun<Scalar>::start(const Mat<Scalar>& input) {
   output_norm_stats_.resize(sublayers_);
   states_[0].assign(arch_.initial_streams, input);
   if (reads_history()) {
-    history_keys_.assign(history_streams_.size(), {});
-    history_prefix_.assign(history_streams_.size(), {});
-    for (std::size_t s = 0; s < history_streams_.size(); ++s) {
-      if (!history_streams_[s]) continue;
-      history_keys_[s].resize(sublayers_ + 1);
-      if (hooks_.attend_in_full) continue;
-      history_prefix_[s].resize(sublayers_ + 1);
-      history_prefix_[s][0].setZero(input.rows(), input.cols());  // no state before x_0
-    }
-    store_history_keys(0);
+    history_store_.reset(history_streams_, history_members_, sublayers_ + 1, !hooks_.attend_in_full,
+                         config_.norm_eps);
+    history_store_.store(0, states_[0], false);
   }
 }
 
-template <typename Scalar>
-void StackRun<Scalar>::store_history_keys(int l) {
-  for (std::size_t s = 0; s < history_keys_.size(); ++s) {
-    if (history_keys_[s].empty()) continue;
-    if (history_member(s, l)) depth_key(states_[l][s], config_.norm_eps, history_keys_[s][l]);
-    if (l > 0 && !history_prefix_[s].empty()) {
-      history_prefix_[s][l] = history_prefix_[s][l - 1];
-      if (history_member(s, l - 1)) history_prefix_[s][l] += states_[l - 1][s];
-    }
-  }
-}
-
+// The view sublayer l's reads take (DepthHistoryStore::point, the running sums unless every read is
+// taken in full) with, in a history backward, the member states' cotangent accumulators and the
+// uniform shares, and in a history JVP sweep their tangents.
 template <typename Scalar>
 void StackRun<Scalar>::point_history_at(int l) {
-  const std::size_t streams = history_keys_.size();
-  history_.earlier.resize(streams);
+  history_store_.point(history_, l, !full_reads_);
+  const std::size_t streams = history_streams_.size();
   history_.d_earlier.resize(streams);
-  history_.prefix.assign(streams, nullptr);
   history_.uniform_share.assign(streams, nullptr);
   history_.t_earlier.resize(streams);
   history_.t_prefix.assign(streams, nullptr);
   const bool history_forward = history_forward_from_ >= 0;
   for (std::size_t s = 0; s < streams; ++s) {
-    auto& earlier = history_.earlier[s];
     auto& d_earlier = history_.d_earlier[s];
     auto& t_earlier = history_.t_earlier[s];
-    earlier.clear();
     d_earlier.clear();
     t_earlier.clear();
-    if (history_keys_[s].empty()) continue;
-    if (!history_prefix_[s].empty() && !full_reads_) history_.prefix[s] = &history_prefix_[s][l];
+    if (!history_store_.reads(s)) continue;
     if (history_backward_) history_.uniform_share[s] = &uniform_share_[s];
     if (history_forward) history_.t_prefix[s] = &tangent_sum_[s];
     for (int j = 0; j < l; ++j) {
       if (!history_member(s, j)) continue;
-      earlier.push_back({&states_[j][s], &history_keys_[s][j]});
       if (history_backward_) d_earlier.push_back(&history_cotangents_[s][j]);
       if (history_forward)
         t_earlier.push_back(j < history_forward_from_ ? &zero_tangent_ : &history_tangents_[s][j]);
@@ -131,8 +110,8 @@ void StackRun<Scalar>::point_history_at(int l) {
 template <typename Scalar>
 void StackRun<Scalar>::begin_history_forward(int from) {
   history_forward_from_ = from;
-  history_tangents_.assign(history_keys_.size(), {});
-  tangent_sum_.assign(history_keys_.size(), {});
+  history_tangents_.assign(history_streams_.size(), {});
+  tangent_sum_.assign(history_streams_.size(), {});
 }
 
 template <typename Scalar>
@@ -145,11 +124,11 @@ void StackRun<Scalar>::end_history_forward() {
 
 template <typename Scalar>
 void StackRun<Scalar>::begin_history_backward(Eigen::Index rows) {
-  history_cotangents_.assign(history_keys_.size(), {});
-  uniform_share_.assign(history_keys_.size(), {});
-  uniform_later_.assign(history_keys_.size(), {});
-  for (std::size_t s = 0; s < history_keys_.size(); ++s) {
-    if (history_keys_[s].empty()) continue;
+  history_cotangents_.assign(history_streams_.size(), {});
+  uniform_share_.assign(history_streams_.size(), {});
+  uniform_later_.assign(history_streams_.size(), {});
+  for (std::size_t s = 0; s < history_streams_.size(); ++s) {
+    if (!history_store_.reads(s)) continue;
     history_cotangents_[s].resize(sublayers_ + 1);
     for (auto& cotangent : history_cotangents_[s]) cotangent.setZero(rows, config_.width);
     uniform_share_[s].setZero(rows, config_.width);
@@ -188,7 +167,7 @@ void StackRun<Scalar>::forward(int l) {
   next.resize(graph_.outputs().size());
   for (std::size_t s = 0; s < next.size(); ++s) next[s] = executor_.value(graph_.outputs()[s]);
   executor_.output_norm_stats(graph_, output_norm_stats_[l]);  // for the backward's recompute
-  if (reads_history()) store_history_keys(l + 1);
+  if (reads_history()) history_store_.store(l + 1, states_[l + 1], false);
 }
 
 template <typename Scalar>
@@ -255,8 +234,8 @@ void StackRun<Scalar>::jvp(int i, const State<Scalar>& d_inputs, State<Scalar>& 
     throw std::logic_error("StackRun::jvp of a history stack's sublayer outside begin_history_forward");
   if (sublayer_of_history) {
     if (i < history_forward_from_) throw std::logic_error("StackRun::jvp below the history sweep's start");
-    for (std::size_t s = 0; s < history_keys_.size(); ++s) {
-      if (history_keys_[s].empty()) continue;
+    for (std::size_t s = 0; s < history_streams_.size(); ++s) {
+      if (!history_store_.reads(s)) continue;
       if (i == history_forward_from_) {
         history_tangents_[s].resize(sublayers_ + 1);
         tangent_sum_[s].setZero(d_inputs[s].rows(), d_inputs[s].cols());
@@ -268,8 +247,8 @@ void StackRun<Scalar>::jvp(int i, const State<Scalar>& d_inputs, State<Scalar>& 
   const auto branch = recompute(i);
   executor_.jvp(graph_, d_inputs, branch, d_outputs);
   if (sublayer_of_history) {
-    for (std::size_t s = 0; s < history_keys_.size(); ++s)
-      if (!history_keys_[s].empty() && history_member(s, i)) tangent_sum_[s] += d_inputs[s];
+    for (std::size_t s = 0; s < history_streams_.size(); ++s)
+      if (history_store_.reads(s) && history_member(s, i)) tangent_sum_[s] += d_inputs[s];
   }
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "depth_history_store.hpp"
 #include "gradflow/analysis.hpp"
 #include "gradflow/graph.hpp"
 #include "gradflow/initialization.hpp"
@@ -93,6 +94,7 @@ class StackRun {
   const std::vector<bool>& history_streams() const { return history_streams_; }
   // Whether state j of history stream s is a source of its later reads (SublayerGraph::
   // history_member of sublayer j's graph; state S never is: no read follows it).
+  const std::vector<std::vector<char>>& history_members() const { return history_members_; }
   bool history_member(std::size_t s, int j) const {
     return history_members_[s][static_cast<std::size_t>(j)] != 0;
   }
@@ -110,8 +112,7 @@ class StackRun {
 
  private:
   BranchContext<Scalar> branch_context(const SublayerContext& ctx) const;
-  void store_history_keys(int l);  // the keys of x_l's history streams
-  void point_history_at(int l);    // history_ lists the member states among 0 .. l-1
+  void point_history_at(int l);  // history_ lists the member states among 0 .. l-1
   void ensure_weights(int l, int next);
   void start_draw(int l);
 
@@ -133,18 +134,16 @@ class StackRun {
   WeightDraw<Scalar> draws_[2];
   std::unique_ptr<WorkPool> pool_;  // null: one thread
 
-  // The history (reads_history()): per stream, the keys of its value at every state (empty for a
-  // stream no rule reads), the view sublayer l's attend nodes read, and the backward's cotangents.
+  // The history (reads_history()): the member states of every stream some read takes
+  // (history_store_), the view sublayer l's reads take, and the backward's cotangents.
   bool reads_history_ = false;
   std::vector<bool> history_streams_;               // per stream: some sublayer of this run reads its history
   std::vector<std::vector<char>> history_members_;  // per stream, per state 0 .. S: history_member
-  std::vector<std::vector<DepthKey<Scalar>>> history_keys_;
+  DepthHistoryStore<Scalar> history_store_;         // the member states' values, keys and running sums
   DepthHistory<Scalar> history_;
   std::vector<std::vector<Mat<Scalar>>> history_cotangents_;
-  // The uniform reads' shortcut (DepthHistory::prefix): per history stream, its sum over the states
-  // 0 .. l-1 for every l (unless AnalysisHooks::attend_in_full); in the backward pass, the shares of
-  // the current sublayer's uniform reads and the sum of every later one's.
-  std::vector<std::vector<Mat<Scalar>>> history_prefix_;
+  // The uniform reads' backward (their forward takes history_store_'s running sums): per history
+  // stream, the shares of the current sublayer's uniform reads and the sum of every later one's.
   std::vector<Mat<Scalar>> uniform_share_, uniform_later_;
   bool history_backward_ = false;
   bool full_reads_ = false;

@@ -26,59 +26,25 @@
 namespace gradflow {
 
 namespace {
-// A stepped pass's history (a stack that reads one): per history stream, its value at every stepped
-// state so far with its key and the running sum before it, and the view the stepped reads take.
+// A stepped pass's history (a stack that reads one): the stepped member states so far (copies, since
+// the stepped state is overwritten) with their keys and running sums, the view the stepped reads
+// take, and the stepped pseudo-queries.
 template <typename Scalar>
 struct SteppedHistory {
-  std::vector<std::vector<Mat<Scalar>>> values, prefix;  // prefix[s][j]: stream s summed over 0 .. j-1
-  std::vector<std::vector<DepthKey<Scalar>>> keys;
+  DepthHistoryStore<Scalar> store;
   DepthHistory<Scalar> view;
   std::vector<Mat<Scalar>> queries;  // --update-params all: w + Delta w per value id of the sublayer
 };
 
-// Appends stepped state j (= the count so far) to the history streams' lists: its value and key
-// when it is a source of later reads (StackRun::history_member), an empty entry otherwise.
-template <typename Scalar>
-void add_to_history(SteppedHistory<Scalar>& history, const StackRun<Scalar>& run,
-                    const State<Scalar>& state) {
-  const std::vector<bool>& streams = run.history_streams();
-  history.values.resize(streams.size());
-  history.prefix.resize(streams.size());
-  history.keys.resize(streams.size());
-  for (std::size_t s = 0; s < streams.size(); ++s) {
-    if (!streams[s]) continue;
-    auto& values = history.values[s];
-    auto& prefix = history.prefix[s];
-    const int j = static_cast<int>(values.size());
-    if (!run.hooks().attend_in_full) {
-      prefix.push_back(j == 0 ? Mat<Scalar>::Zero(state[s].rows(), state[s].cols()) : prefix.back());
-      if (j > 0 && run.history_member(s, j - 1)) prefix.back() += values.back();
-    }
-    const bool member = run.history_member(s, j);
-    values.push_back(member ? state[s] : Mat<Scalar>());
-    history.keys[s].emplace_back();
-    if (member) depth_key(state[s], run.config().norm_eps, history.keys[s].back());
-  }
-}
-
-// The view stepped sublayer l reads: the member states among 0 .. l-1 of each history stream (the
-// input is its own source), their running sum, and the stepped pseudo-queries; no cotangents (a
+// The view stepped sublayer l reads: the member stepped states among 0 .. l-1 of each history stream
+// (the input is its own source), their running sum, and the stepped pseudo-queries; no cotangents (a
 // forward pass).
 template <typename Scalar>
-DepthHistory<Scalar>* point_at(SteppedHistory<Scalar>& history, const StackRun<Scalar>& run, int l,
-                               bool stepped_queries) {
+DepthHistory<Scalar>* point_at(SteppedHistory<Scalar>& history, int l, bool stepped_queries) {
   DepthHistory<Scalar>& view = history.view;
-  const std::size_t streams = history.values.size();
-  view.earlier.assign(streams, {});
-  view.d_earlier.assign(streams, {});
-  view.prefix.assign(streams, nullptr);
-  view.uniform_share.assign(streams, nullptr);
-  for (std::size_t s = 0; s < streams; ++s) {
-    if (history.values[s].empty()) continue;
-    for (int j = 0; j < l; ++j)
-      if (run.history_member(s, j)) view.earlier[s].push_back({&history.values[s][j], &history.keys[s][j]});
-    if (!history.prefix[s].empty()) view.prefix[s] = &history.prefix[s][l];
-  }
+  history.store.point(view, l, true);
+  view.d_earlier.assign(view.earlier.size(), {});
+  view.uniform_share.assign(view.earlier.size(), nullptr);
   view.queries = stepped_queries ? &history.queries : nullptr;
   view.d_queries = nullptr;
   return &view;
@@ -331,7 +297,7 @@ void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, const std::vect
   result.updates[i].delta_loss_first_order += loss;
   branch.weights = &work.stepped;
   DepthHistory<Scalar>* const history = branch.history;
-  if (run.reads_history()) branch.history = point_at(pass.history, run, l, stepped_queries);
+  if (run.reads_history()) branch.history = point_at(pass.history, l, stepped_queries);
   run.executor().forward(run.graph(), pass.state, branch);
   branch.weights = &weights;
   branch.norm_gains = nullptr;
@@ -339,7 +305,7 @@ void step_sublayer(SeedAnalysis<Scalar>& analysis, int l, int i, const std::vect
   pass.state.resize(run.graph().outputs().size());
   for (std::size_t s = 0; s < pass.state.size(); ++s)
     pass.state[s] = run.executor().value(run.graph().outputs()[s]);
-  if (run.reads_history()) add_to_history(pass.history, run, pass.state);
+  if (run.reads_history()) pass.history.store.store(l + 1, pass.state, true);
   pass.finite = record_moved_state(result, i, l + 1, pass.state, run.state(l + 1));
   if (!pass.finite) result.updates[i].diverged_state = l + 1;
 }
@@ -360,7 +326,11 @@ void compute_update(SeedAnalysis<Scalar>& analysis) {
     result.updates[i].learning_rate = config.learning_rates[i];
     result.updates[i].delta_loss_first_order = 0.0;
     record_moved_state(result, i, 0, passes[i].state, run.state(0));
-    if (run.reads_history()) add_to_history(passes[i].history, run, passes[i].state);
+    if (run.reads_history()) {  // the stepped states' own history, copied (the state is overwritten)
+      passes[i].history.store.reset(run.history_streams(), run.history_members(), run.sublayers() + 1,
+                                    !run.hooks().attend_in_full, config.norm_eps);
+      passes[i].history.store.store(0, passes[i].state, true);
+    }
   }
   // --update-params all on a history: the backward below also gives dL/dw of every read.
   const bool query_gradients = run.reads_history() && config.update_norm_gains;
