@@ -23,8 +23,8 @@ enum class NodeOp {
   unit,          // a / norm(a) per token (nGPT)
   branch,        // F(a): the sublayer's attention or FFN; the only node that is not on the skip path
   attend,        // attention over depth (depth_attention.hpp): a softmax read over the history of input
-                 // stream a (its values at states 0 .. l, this sublayer's input last) and then b, with a
-                 // pseudo-query that starts as `factor` in every entry (AttnRes: 0)
+                 // stream a (its member states among 0 .. l, this sublayer's input last) and then b, with
+                 // a pseudo-query that starts as `factor` in every entry (AttnRes: 0)
   history_sum,   // the fixed-weight reads of the history of input stream a (its member states among
   history_mean,  // 0 .. l): their sum, or their mean (DenseFormer's depth-weighted averages)
 };
@@ -99,18 +99,21 @@ class SublayerGraph {
   std::vector<int> non_member_streams_;  // input streams whose state l is not a history source
 };
 
-// The history an attend node reads besides its own input: per input stream, the stream's values at
-// the earlier states 0 .. l-1 with their keys (empty for a stream no node reads), and for the
-// backward pass their cotangent accumulators (same shape; each read ADDS its share), so that a
-// state's cotangent collects every later read. queries, when set, holds per value id a pseudo-query
-// (1, d) replacing the node's initial value; d_queries, when set, receives per value id dL/dw (K, d).
+// The history a read (attend, history_sum, history_mean) takes besides its own input: per input
+// stream, the stream's values at the earlier member states among 0 .. l-1 (a placement's [history];
+// every state by default) with their keys (empty for a stream no node reads), and for the backward
+// pass their cotangent accumulators (same shape; each read ADDS its share), so that a state's
+// cotangent collects every later read. The input, state l, is a source when it is a member
+// (SublayerGraph::history_member). queries, when set, holds per value id a pseudo-query (1, d)
+// replacing the node's initial value; d_queries, when set, receives per value id dL/dw (K, d).
 //
 // The uniform reads' shortcut: a read whose pseudo-query is exactly zero weighs each of its n
-// sources a = 1/n exactly (the paper's init). When prefix[s] is set (the sum of stream s over the
-// states 0 .. l-1), such a read is a (prefix + input + e) and costs O(T d) instead of O(n T d); its
-// backward adds a g to uniform_share[s] once, every earlier state's share being that same a g, and
-// the stack spreads it (StackRun::add_history_cotangent). Without uniform_share those shares are
-// dropped, as without d_earlier.
+// sources a = 1/n exactly (the paper's init), and a fixed-weight read weighs each member state alike.
+// When prefix[s] is set (the sum of stream s over the member states before l), such a read is
+// a (prefix + input if a member + e) and costs O(T d) instead of O(n T d); its backward adds a g to
+// uniform_share[s] once, every earlier member state's share being that same a g, and the stack
+// spreads it (StackRun::add_history_cotangent). Without uniform_share those shares are dropped, as
+// without d_earlier.
 //
 // A JVP through the history (--spectrum's forward sweep over a stack that reads one): t_earlier[s]
 // holds the tangent of each earlier state (as earlier[s]; empty: the earlier states are held fixed,

@@ -409,9 +409,9 @@ void check_definition(PlacementDefinition& def) {
     if (!attended)
       throw ExprError(
           member.origin, member.offset,
-          fmt::format("[history] {}: no rule reads {}'s history; write attend({}, ...) in a rule or "
-                      "remove the entry",
-                      stream, stream, stream));
+          fmt::format("[history] {}: no rule reads {}'s history; write attend({}, ...), history_sum({}) or "
+                      "history_mean({}) in a rule, or remove the entry",
+                      stream, stream, stream, stream, stream));
   }
   for (SublayerEntry& entry : def.sublayers) {
     if (entry.when) checker.condition(*entry.when);

@@ -15,6 +15,11 @@ namespace gradflow {
 template <typename Scalar>
 class DepthHistoryStore {
  public:
+  // Its views point into the store (and into the states it was given), so it stays where it is made.
+  DepthHistoryStore() = default;
+  DepthHistoryStore(const DepthHistoryStore&) = delete;
+  DepthHistoryStore& operator=(const DepthHistoryStore&) = delete;
+
   // streams[s]: some read takes stream s's history; members[s][j]: state j of stream s is a source
   // (SublayerGraph::history_member of sublayer j's graph); states: S + 1; running_sums: keep the
   // prefix sums (false under AnalysisHooks::attend_in_full, where every read takes its sources).
