@@ -19,6 +19,17 @@ void SublayerGraph::reset(int input_count) {
   score_scale_.reset();
   ffn_hidden_scale_ = 1.0;
   non_member_streams_.clear();
+  mixes_.clear();
+}
+
+Value SublayerGraph::mix_fractions(Value a, int fractions, std::vector<double> weights) {
+  if (fractions < 1 ||
+      weights.size() != static_cast<std::size_t>(fractions) * static_cast<std::size_t>(fractions))
+    throw std::logic_error("mix_fractions needs m x m weights");
+  mixes_.push_back({fractions, std::move(weights)});
+  Node node{NodeOp::mix_fractions, a.id};
+  node.mix = static_cast<int>(mixes_.size()) - 1;
+  return push(node);
 }
 
 void SublayerGraph::set_history_member(int stream, bool member) {
@@ -135,6 +146,7 @@ bool recompute_can_skip_branch_output(const SublayerGraph& graph, std::vector<ch
     switch (node.op) {
       case NodeOp::add:
       case NodeOp::scale:
+      case NodeOp::mix_fractions:  // linear: its backward needs no value
         break;
       case NodeOp::norm:
       case NodeOp::unit:
@@ -240,6 +252,11 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
       case NodeOp::scale:
         out = static_cast<Scalar>(node.factor) * a;
         break;
+      case NodeOp::mix_fractions: {
+        const FractionMix& mix = graph.fraction_mix(node.mix);
+        mix_fractions_forward(mix.fractions, mix.weights, a, out);
+        break;
+      }
       case NodeOp::norm:
         norm_forward(context.norm, 1, a, out, norm_stats_[id], context.ops.norm_eps);
         if (context.norm_gains && (*context.norm_gains)[id].size() != 0)
@@ -347,6 +364,11 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
       case NodeOp::scale:
         d_a += static_cast<Scalar>(node.factor) * d_out;
         break;
+      case NodeOp::mix_fractions: {
+        const FractionMix& mix = graph.fraction_mix(node.mix);
+        mix_fractions_backward(mix.fractions, mix.weights, d_out, d_a);
+        break;
+      }
       case NodeOp::norm:
         norm_backward(context.norm, 1, values_[id], norm_stats_[id], d_out, d_a);
         break;
@@ -441,6 +463,11 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
       case NodeOp::scale:
         d_out = static_cast<Scalar>(node.factor) * d_a;
         break;
+      case NodeOp::mix_fractions: {  // linear: the map applied to the tangent
+        const FractionMix& mix = graph.fraction_mix(node.mix);
+        mix_fractions_forward(mix.fractions, mix.weights, d_a, d_out);
+        break;
+      }
       case NodeOp::norm:  // symmetric Jacobians: the backward is the JVP
         d_out.setZero(rows, values_[id].cols());
         norm_backward(context.norm, 1, values_[id], norm_stats_[id], d_a, d_out);

@@ -17,16 +17,18 @@ struct Value {
 };
 
 enum class NodeOp {
-  add,           // a + b
-  scale,         // factor * a
-  norm,          // N(a): a fresh instance of the configured norm (own gamma = 1)
-  unit,          // a / norm(a) per token (nGPT)
-  branch,        // F(a): the sublayer's attention or FFN; the only node that is not on the skip path
-  attend,        // attention over depth (depth_attention.hpp): a softmax read over the history of input
-                 // stream a (its member states among 0 .. l, this sublayer's input last) and then b, with
-                 // a pseudo-query that starts as `factor` in every entry (AttnRes: 0)
-  history_sum,   // the fixed-weight reads of the history of input stream a (its member states among
-  history_mean,  // 0 .. l): their sum, or their mean (DenseFormer's depth-weighted averages)
+  add,            // a + b
+  scale,          // factor * a
+  norm,           // N(a): a fresh instance of the configured norm (own gamma = 1)
+  unit,           // a / norm(a) per token (nGPT)
+  branch,         // F(a): the sublayer's attention or FFN; the only node that is not on the skip path
+  attend,         // attention over depth (depth_attention.hpp): a softmax read over the history of input
+                  // stream a (its member states among 0 .. l, this sublayer's input last) and then b, with
+                  // a pseudo-query that starts as `factor` in every entry (AttnRes: 0)
+  history_sum,    // the fixed-weight reads of the history of input stream a (its member states among
+  history_mean,   // 0 .. l): their sum, or their mean (DenseFormer's depth-weighted averages)
+  mix_fractions,  // a fixed linear map of a's width fractions (ops.hpp; Frac-Connections), weights in
+                  // SublayerGraph::fraction_mix(node.mix)
 };
 
 struct Node {
@@ -34,6 +36,13 @@ struct Node {
   int lhs = -1;
   int rhs = -1;
   double factor = 1.0;
+  int mix = -1;  // mix_fractions: the index of its FractionMix
+};
+
+// mix_fractions's map: m fractions and the m x m weights, row-major by output fraction.
+struct FractionMix {
+  int fractions = 1;
+  std::vector<double> weights;
 };
 
 class SublayerGraph {
@@ -46,6 +55,9 @@ class SublayerGraph {
   Value scale(Value a, double factor) { return push({NodeOp::scale, a.id, -1, factor}); }
   Value norm(Value a) { return push({NodeOp::norm, a.id}); }
   Value unit(Value a) { return push({NodeOp::unit, a.id}); }
+  // y_f = sum_g weights[f m + g] a_g over a's m width fractions (ops.hpp, mix_fractions_forward).
+  Value mix_fractions(Value a, int fractions, std::vector<double> weights);
+  const FractionMix& fraction_mix(int index) const { return mixes_[static_cast<std::size_t>(index)]; }
   // attend(s, b): a read of input stream s's history (its member states among 0 .. l) followed by b,
   // its pseudo-query starting as query_init in every entry. Its earlier sources come from
   // BranchContext::history; the input (state l) is a source when it is a member.
@@ -97,6 +109,7 @@ class SublayerGraph {
   std::optional<double> score_scale_;
   double ffn_hidden_scale_ = 1.0;
   std::vector<int> non_member_streams_;  // input streams whose state l is not a history source
+  std::vector<FractionMix> mixes_;       // the mix_fractions nodes' maps
 };
 
 // The history a read (attend, history_sum, history_mean) takes besides its own input: per input

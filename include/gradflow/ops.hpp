@@ -42,6 +42,21 @@ void unit_rows_backward(int groups, const Mat<Scalar>& y, const Mat<Scalar>& inv
                         Mat<Scalar>& dx);
 
 // ---------------------------------------------------------------------------------------------
+// A fixed linear map of the m width fractions of each row (Frac-Connections, Zhu et al. 2025,
+// arXiv 2503.14125, Eq. 4-5: H = Reshape(h, (m, d/m)), then fixed mixing of the fractions):
+//   y[:, f w : (f+1) w] = sum_g weights[f m + g] x[:, g w : (g+1) w],   w = n / m,
+// each output fraction summing its inputs in increasing g and skipping zero weights.
+// x (rows, n), y (rows, n); weights m x m, row-major by output fraction. The map is linear, so its
+// JVP is the forward applied to the tangent; the backward adds the transpose:
+//   dx[:, g w : (g+1) w] += sum_f weights[f m + g] dy[:, f w : (f+1) w].
+template <typename Scalar>
+void mix_fractions_forward(int fractions, const std::vector<double>& weights, const Mat<Scalar>& x,
+                           Mat<Scalar>& y);
+template <typename Scalar>
+void mix_fractions_backward(int fractions, const std::vector<double>& weights, const Mat<Scalar>& dy,
+                            Mat<Scalar>& dx);
+
+// ---------------------------------------------------------------------------------------------
 // GELU, erf form: gelu(x) = x Phi(x) (Hendrycks & Gimpel 2016, arXiv 1606.08415).
 template <typename Scalar>
 void gelu_forward(const Mat<Scalar>& x, Mat<Scalar>& y);

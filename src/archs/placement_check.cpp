@@ -45,8 +45,13 @@ struct Scope {
   bool branch = false;   // F (rules only)
   std::map<std::string, Expr*>* bindings = nullptr;
   std::set<std::string>* used = nullptr;
-  int branches = 0;  // F's seen
+  int branches = 0;        // F's seen
+  bool fractions = false;  // fraction_out and fraction_in (mix_fractions's weight only)
 };
+
+bool is_fraction_index(std::string_view name) {
+  return name == "fraction_out" || name == "fraction_in";
+}
 
 class Checker {
  public:
@@ -121,6 +126,12 @@ class Checker {
     const PlacementDefinition& def = *s_.def;
     const bool stream = std::find(def.streams.begin(), def.streams.end(), e.text) != def.streams.end();
     if (s_.tensors && stream) return void(e.tensor = true);  // a stream may take a size's name (ResiDual's d)
+    if (is_fraction_index(e.text)) {
+      if (s_.fractions) return;
+      fail(e, fmt::format("'{}' can only be used in the weight of mix_fractions(e, m, weight), its third "
+                          "argument",
+                          e.text));
+    }
     if (is_size(e.text) || def.constants.count(e.text) || is_number_option_name(def, e.text)) return;
     if (const OptionDeclaration* option = find_option(def, e.text); option && !option->is_word())
       fail(e, fmt::format("option '{}' has no default to use here; bind it to a constant ({{ value = ..., "
@@ -147,7 +158,7 @@ class Checker {
       known.insert(known.end(), s_.def->streams.begin(), s_.def->streams.end());
       if (s_.bindings)
         for (const auto& [name, value] : *s_.bindings) known.push_back(name);
-      known.insert(known.end(), {"N", "U", "F", "attend", "history_sum", "history_mean"});
+      known.insert(known.end(), {"N", "U", "F", "attend", "history_sum", "history_mean", "mix_fractions"});
     }
     known.insert(known.end(), {"sqrt", "exp", "log", "floor", "min", "max", "mod", "if"});
     const std::string nearest = nearest_name(e.text, known);
@@ -159,6 +170,7 @@ class Checker {
     if (e.text == "N" || e.text == "U" || e.text == "F") return tensor_call(e);
     if (e.text == "attend") return attend_call(e);
     if (e.text == "history_sum" || e.text == "history_mean") return history_call(e);
+    if (e.text == "mix_fractions") return mix_call(e);
     if (!is_function(e.text)) unknown(e, "function");
     if (static_cast<int>(e.args.size()) != arity(e.text))
       fail(e, fmt::format("{}() takes {} argument(s), not {}", e.text, arity(e.text), e.args.size()));
@@ -224,6 +236,25 @@ class Checker {
                           "its member states",
                           e.text));
     check(e.args[0]);
+    inherit(e);
+  }
+
+  // mix_fractions(e, m, weight): a fixed linear map of the m width fractions of tensor e; weight, a
+  // constant expression in fraction_out and fraction_in, is evaluated per pair (docs/placement-files.md,
+  // "Slicing the width").
+  void mix_call(Expr& e) {
+    if (!s_.tensors) fail(e, "mix_fractions(...) is a tensor; expected a constant expression here");
+    if (e.args.size() != 3)
+      fail(e,
+           fmt::format("mix_fractions(...) takes a tensor, a fraction count m and a weight in fraction_out "
+                       "and fraction_in, not {} argument(s)",
+                       e.args.size()));
+    tensor(e.args[0]);
+    constant(e.args[1]);
+    const bool outer = s_.fractions;
+    s_.fractions = true;
+    constant(e.args[2]);
+    s_.fractions = outer;
     inherit(e);
   }
 

@@ -17,9 +17,12 @@ std::string Origin::where(int offset) const {
 
 namespace {
 constexpr std::array kFunctions = {"sqrt", "exp", "log", "floor", "min", "max", "mod", "if"};
+// clang-format off
 constexpr std::array kReserved = {
-    "S",        "B", "l", "b", "d",      "T",           "heads",        "kind", "block_kind", "attn", "ffn",
-    "attn_ffn", "N", "U", "F", "attend", "history_sum", "history_mean", "and",  "or",         "not"};
+    "S", "B", "l", "b", "d", "T", "heads", "kind", "block_kind", "attn", "ffn", "attn_ffn",
+    "N", "U", "F", "attend", "history_sum", "history_mean", "mix_fractions", "fraction_out", "fraction_in",
+    "and", "or", "not"};
+// clang-format on
 
 class Parser {
  public:

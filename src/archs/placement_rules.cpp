@@ -56,6 +56,8 @@ double ConstantEvaluator::named(const Expr& e) {
   if (e.text == "d") return c.width;
   if (e.text == "T") return c.seq;
   if (e.text == "heads") return c.heads;
+  if (e.text == "fraction_out") return fraction_out_;  // only inside mix_fractions's weight (checked)
+  if (e.text == "fraction_in") return fraction_in_;
   // A constant bound to an option, or a number option used by its key: the value given with its
   // flag first (docs/placement-files.md, "[constants]" and "[options.KEY]").
   const auto record = def_.constant_records.find(e.text);
@@ -172,6 +174,7 @@ class GraphBuilder {
       const Value extra = build(e.args[1]);
       return g_.attend(arg, extra, e.args.size() == 3 ? values_.value(e.args[2]) : 0.0);
     }
+    if (e.text == "mix_fractions") return mix_fractions(arg, e);
     std::optional<double> score_scale;
     if (entry_->score_scale) score_scale = values_.value(*entry_->score_scale);
     const double hidden_scale = entry_->ffn_hidden_scale ? values_.value(*entry_->ffn_hidden_scale) : 1.0;
@@ -179,6 +182,31 @@ class GraphBuilder {
   }
 
   Value scaled(Value v, double factor) { return factor == 1.0 ? v : g_.scale(v, factor); }
+
+  // mix_fractions(e, m, weight): m whole, dividing d; weight evaluated per (fraction_out, fraction_in),
+  // row-major by output fraction. The identity builds no node, as a scale by 1 does not.
+  Value mix_fractions(Value arg, const Expr& e) {
+    const double m = values_.value(e.args[1]);
+    const int width = values_.width();
+    if (!(m >= 1 && m == std::floor(m) && m <= width && width % static_cast<int>(m) == 0))
+      throw ExprError(e.args[1].origin, e.args[1].offset,
+                      fmt::format("mix_fractions's fraction count m = {} must be a whole number that divides "
+                                  "the width d = {}; try a divisor of --width {}",
+                                  m, width, width));
+    const int fractions = static_cast<int>(m);
+    std::vector<double> weights(static_cast<std::size_t>(fractions) * fractions);
+    bool identity = true;
+    for (int out = 0; out < fractions; ++out) {
+      for (int in = 0; in < fractions; ++in) {
+        values_.set_fraction_pair(out, in);
+        const double w = values_.value(e.args[2]);
+        weights[static_cast<std::size_t>(out) * fractions + in] = w;
+        identity = identity && w == (out == in ? 1.0 : 0.0);
+      }
+    }
+    values_.set_fraction_pair(-1, -1);
+    return identity ? arg : g_.mix_fractions(arg, fractions, std::move(weights));
+  }
 
   Value binary(const Expr& e) {
     const Expr &left = e.args[0], &right = e.args[1];

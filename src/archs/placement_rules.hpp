@@ -105,6 +105,9 @@ class ConstantEvaluator {
   // Throws ExprError when the value is NaN or infinite.
   double value(const Expr& e);
   bool holds(const Expr& e);
+  // mix_fractions's weight: the values of fraction_out and fraction_in while it is evaluated.
+  void set_fraction_pair(int out, int in) { fraction_out_ = out, fraction_in_ = in; }
+  int width() const { return at_.config->width; }
 
  private:
   double evaluate(const Expr& e);
@@ -114,6 +117,7 @@ class ConstantEvaluator {
   const PlacementDefinition& def_;
   Position at_;
   std::map<std::string, double> cache_;
+  int fraction_out_ = -1, fraction_in_ = -1;
 };
 
 // The first entry whose `when` holds; throws ExprError naming the sublayer when none does.
