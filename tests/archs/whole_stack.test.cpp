@@ -201,6 +201,55 @@ TEST_CASE("whole-stack gradients hold for every placement with the mixture-of-ex
           worst);
 }
 
+// Issue 30, acceptance 1 for frac-connections with more than one fraction: the library's layout
+// (gathers of fractions into the branch input and the residual, the branch output's fractions summed
+// into each) and the identity, at m = 2 and 4 (width 8: fractions of 4 and 2 columns).
+TEST_CASE("frac-connections with m > 1 fractions: the whole-stack gradient matches central differences") {
+  const Architecture& arch = find_architecture("frac-connections");
+  for (const double fractions : {2.0, 4.0}) {
+    for (const char* init : {"library", "identity"}) {
+      for (const BlockKind block : {BlockKind::attn_ffn, BlockKind::ffn}) {
+        for (const NormKind norm : {NormKind::rms, NormKind::layer}) {
+          ModelConfig config = small_config();
+          config.block = block;
+          config.norm = norm;
+          config.options["num_fracs"] = fractions;
+          config.options["frac_init"] = std::string(init);
+          CAPTURE(fractions);
+          CAPTURE(init);
+          CAPTURE(to_string(block));
+          CAPTURE(to_string(norm));
+          const double error = whole_stack_error(config, arch);
+          MESSAGE("frac-connections m = ", fractions, " ", std::string(init), ": whole-stack relative error ",
+                  error);
+          CHECK(error <= testing::kFiniteDifferenceTolerance);
+        }
+      }
+    }
+  }
+}
+
+// --frac-init identity maps every fraction to itself, so its mix_fractions build no node: pre-ln
+// bit for bit at any m; the library's layout at m = 2 is another stack (its branch reads [h_1, h_1]).
+TEST_CASE("frac-connections --frac-init identity is pre-ln bit for bit at every fraction count") {
+  const Architecture& frac = find_architecture("frac-connections");
+  const Architecture& pre_ln = find_architecture("pre-ln");
+  ModelConfig config = small_config();
+  config.blocks = 4;
+  const SeedResult base = analyze_seed(config, pre_ln, resolve_constants(pre_ln, config), 2);
+  for (const double fractions : {1.0, 2.0, 4.0, 8.0}) {
+    CAPTURE(fractions);
+    config.options["num_fracs"] = fractions;
+    config.options["frac_init"] = std::string("identity");
+    const SeedResult identity = analyze_seed(config, frac, resolve_constants(frac, config), 2);
+    CHECK(identity.states.at(Figure::rms) == base.states.at(Figure::rms));
+    CHECK(identity.states.at(Figure::log10_grad) == base.states.at(Figure::log10_grad));
+    config.options["frac_init"] = std::string("library");
+    const SeedResult library = analyze_seed(config, frac, resolve_constants(frac, config), 2);
+    CHECK((library.states.at(Figure::rms) == base.states.at(Figure::rms)) == (fractions == 1.0));
+  }
+}
+
 namespace {
 // The placements that read a history, each with the options it is checked at: the shipped Full and
 // Block AttnRes (stream v / p holding the sources, h the read; Block AttnRes's history kept at the

@@ -9,7 +9,8 @@ data/placements/frac-connections.toml):
        bit on the same grid. The one-stream hc file is generated from hc's definition (sublayer l reads
        stream l mod n, its output is added to every stream, output N(sum of the streams)); the generator
        is checked first: with n = 4 it must give the shipped hc.toml's figures bit for bit. Also: every
-       figure but the additive-stream ones equals pre-ln's, and --num-fracs 2 and 1.5 are refused;
+       figure but the additive-stream ones equals pre-ln's; --num-fracs 1.5 and 3 (width 16) are refused,
+       and --frac-init identity is pre-ln at m = 2 and 4;
  (iii) an independent float64 torch implementation of both, on the weights gradflow exports
        (--export-weights), compared with gradflow's per-state rms and log10_grad (docs/metrics.md):
        DenseFormer with a real history of block outputs (the code's dilated accumulators) and a real
@@ -17,8 +18,8 @@ data/placements/frac-connections.toml):
        `DWAModules`), for dilation/period 1x1, 2x2 and 4x3, and with a current-block weight of 0.5 against a
        copy of the file that states it; Frac-Connections as lucidrains/hyper-connections' static
        initialisation (static_alpha = cat(init_alpha0, I), static_beta = 1, its index layout) applied to
-       real width slices of the state, with m = 1, n = 1 against frac-connections, n = 4 against hc,
-       and m = 2 shown to be a different model (why the file refuses it).
+       real width slices of the state, with n = 1 and m = 1, 2, 4, 8 against frac-connections (each m > 1
+       also shown to be a different model from m = 1) and n = 4, m = 1 against hc.
 The op functions F (attention, FFN, norms) are those of tests/reference/gradflow_reference.py.
 
 Usage: test_denseformer_frac.py GRADFLOW_BINARY REPOSITORY_ROOT [--denseformer PATH]
@@ -322,10 +323,21 @@ def main():
             a = dropped(renamed(without_timing(pre_ln["seeds"]), "x", "x1"), additive)
             b = dropped(without_timing(frac_given["seeds"]), additive)
             check(a == b, f"(ii) frac-connections (m = 1) {block} {norm} {precision}: differs from pre-ln")
-        for value in ("2", "1.5"):
+        for value, says in (("1.5", "whole number"), ("3", "must divide --width")):  # width 16
             refused = gradflow.run(["frac-connections-t"], SMALL + ["--num-fracs", value])
-            check(refused.returncode == 2,
-                  f"(ii) frac-connections --num-fracs {value} is not refused (exit {refused.returncode})")
+            check(refused.returncode == 2 and says in refused.stderr,
+                  f"(ii) frac-connections --num-fracs {value} is not refused with '{says}' "
+                  f"(exit {refused.returncode}: {refused.stderr.strip()})")
+        # --frac-init identity: each fraction its own residual, pre-ln bit for bit at any m
+        for block, norm, precision in GRID[:4]:
+            extra = SMALL + ["--block", block, "--norm", norm, "--precision", precision]
+            for m in ("2", "4"):
+                frac, pre_ln = gradflow.analyze(["frac-connections-t", "pre-ln"],
+                                                extra + ["--num-fracs", m, "--frac-init", "identity"])
+                a = dropped(renamed(without_timing(pre_ln["seeds"]), "x", "x1"), additive)
+                b = dropped(without_timing(frac["seeds"]), additive)
+                check(a == b, f"(ii) frac-connections --frac-init identity m = {m} {block} {norm} {precision}: "
+                              "differs from pre-ln")
 
         # (iii) independent torch models on gradflow's exported weights, float64
         worst = 0.0
@@ -352,13 +364,20 @@ def main():
             check(torch.equal(first, ex.x0), "(iii) frac-connections m = 1: the branch input is not the state")
             rms1, grad1 = figures(states, y, ex.probe)
             worst = max(worst, compare(f"(iii) frac-connections m=1 {block} {norm}", gf, rms1, grad1, check))
-            # m = 2 on the same weights: a different model (the branch reads [h_1, h_1]), hence refused
-            states, y, first = frac_connections_model(ex, n=1, m=2)
-            w = ex.x0.shape[1] // 2
-            rms2, grad2 = figures(states, y, ex.probe)
-            check(torch.equal(first, torch.cat([ex.x0[:, :w], ex.x0[:, :w]], dim=1)) and
-                  max(abs(a - b) for a, b in zip(grad1 + rms1, grad2 + rms2)) > 1e-6,
-                  "(iii) the library's m = 2 init is not the different model the file refuses")
+            # m = 2, 4 (and 8): the library's layout on real width slices against gradflow's mix_fractions
+            for m in (2, 4, 8):
+                gf_m, path_m = gradflow.export("frac-connections-t", extra + ["--num-fracs", str(m)], exports)
+                ex_m = Export(ref, path_m)
+                states, y, first = frac_connections_model(ex_m, n=1, m=m)
+                w = ex_m.x0.shape[1] // m
+                if m == 2:  # the branch reads [h_1, h_1]: another model than m = 1 on the same weights
+                    check(torch.equal(first, torch.cat([ex_m.x0[:, :w], ex_m.x0[:, :w]], dim=1)),
+                          "(iii) the library's m = 2 branch input is not [h_1, h_1]")
+                rms_m, grad_m = figures(states, y, ex_m.probe)
+                check(max(abs(a - b) for a, b in zip(grad1 + rms1, grad_m + rms_m)) > 1e-6,
+                      f"(iii) the library's m = {m} init gives m = 1's figures: the test cannot tell them apart")
+                worst = max(worst, compare(f"(iii) frac-connections m={m} {block} {norm}", gf_m, rms_m, grad_m,
+                                           check))
 
             gf, path = gradflow.export("hc-t", extra, exports)
             ex = Export(ref, path)

@@ -33,14 +33,16 @@ CONSTANT_KEYS = {"value", "option", "formula", "unit"}
 WHEN_UNUSED = ("warn", "ignore", "refuse")
 REQUIRES_KEYS = {"condition", "message"}  # [P] "`[[requires]]`"
 SUBLAYER_KEYS = {"when", "rule", "qkv_norm", "score_scale", "ffn_hidden_scale", "skip_gain", "update", "sum"}
-RESERVED = set("S B l b d T heads kind block_kind attn ffn attn_ffn N U F attend history_sum history_mean sqrt exp log "
+RESERVED = set("S B l b d T heads kind block_kind attn ffn attn_ffn N U F attend history_sum history_mean "
+               "mix_fractions fraction_out fraction_in sqrt exp log "
                "min max floor "
                "mod if and or not".split())
 SIZES = ("S", "B", "d", "T", "heads")
 KIND_WORDS = {"attn": "attn", "ffn": "ffn", "attn_ffn": "attn-ffn"}  # [P] Conditions: kind / block_kind values
 QKV_NORMS = ("none", "per_head_qkv", "full_qk", "per_head_qk_unit")  # [P] `qkv_norm`
 HISTORY_READS = ("attend", "history_sum", "history_mean")  # [P] "Reading a history": the stream named first
-TENSOR_FUNCS = ("N", "U", "F") + HISTORY_READS
+TENSOR_FUNCS = ("N", "U", "F", "mix_fractions") + HISTORY_READS
+FRACTION_INDICES = ("fraction_out", "fraction_in")  # [P] "Slicing the width": mix_fractions's weight only
 CONST_FUNCS = {"sqrt": 1, "exp": 1, "log": 1, "floor": 1, "min": 2, "max": 2, "mod": 2, "if": 3}
 COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
 
@@ -254,6 +256,7 @@ class Where:
         # [P] `[options.KEY]`: key -> (value, given with its flag); default: no flag given
         self.opts = placement.option_values() if options is None else options
         self.cache, self.busy = {}, set()
+        self.fraction = None  # [P] mix_fractions: (fraction_out, fraction_in) while its weight is evaluated
 
     def constant(self, name):
         if name not in self.cache:
@@ -316,6 +319,25 @@ class Where:
             return self.block_kind
         return KIND_WORDS.get(node.value)
 
+    def fraction_weights(self, node, d):
+        """[P] "Slicing the width": (m, w) for the call mix_fractions(e, m, weight) at this sublayer and width d:
+        m a whole number >= 1 dividing d (else an error naming m and d), w[f][g] the weight evaluated once per
+        pair with fraction_out = f and fraction_in = g (0-based), a double as any constant."""
+        m = self.value(node.args[1])
+        if not (m >= 1 and m == math.floor(m) and d % int(m) == 0):
+            raise FileError(f"mix_fractions: m = {m:g} is not a whole number >= 1 dividing the width d = {d} "
+                            f"(sublayer {self.l}): {node!r}")
+        m = int(m)
+        w = [[0.0] * m for _ in range(m)]
+        for f in range(m):
+            for g in range(m):
+                self.fraction = (f, g)
+                try:
+                    w[f][g] = self.value(node.args[2])
+                finally:
+                    self.fraction = None
+        return m, w
+
     def value(self, node):
         v = self._value(node)
         if not math.isfinite(v):
@@ -334,6 +356,10 @@ class Where:
                 return float(self.l)
             if name == "b":
                 return float(self.b)
+            if name in FRACTION_INDICES:  # [P] mix_fractions: f and g inside its weight; nothing elsewhere
+                if self.fraction is None:
+                    raise FileError(f"'{name}' is used outside the weight of mix_fractions(e, m, weight)")
+                return float(self.fraction[FRACTION_INDICES.index(name)])
             if name in self.p.constants:
                 return self.constant(name)
             opt = self.p.options.get(name)
@@ -617,6 +643,7 @@ class PlacementFile:
         self.output = parse_expr(doc["output"])
         self.entries = [Entry(e, self) for e in doc["sublayer"]]
         self.requires = self._read_requires(doc.get("requires", []))
+        self._check_fraction_names()
         self._check_constant_names()
 
     def _read_requires(self, raw):
@@ -691,6 +718,19 @@ class PlacementFile:
         for t in trees:
             walk(t)
 
+    def _check_fraction_names(self):
+        """[P] "Slicing the width": mix_fractions takes 3 arguments, and fraction_out / fraction_in mean something
+        only in its third (the weight): anywhere else ([constants], conditions, gains, rules, the output head)
+        the file is refused, whether or not that place is ever evaluated."""
+        trees = [self.output] + list(self.constant_ast.values()) + list(self.init_gain.values())
+        trees += list(self.learning_rate_scale.values()) + list(self.history.values())
+        trees += [cond for cond, _ in self.requires]
+        for e in self.entries:
+            trees += [t for t in (e.when, e.score_scale, e.ffn_hidden_scale, e.skip_gain) if t is not None]
+            trees += list(e.bindings.values()) + [x for _, x in e.assignments]
+        for t in trees:
+            _check_fractions(t, self.source)
+
     def _check_names(self):
         """[P] Names: identifiers, not reserved, no two alike; a stream may take a size's name (ResiDual's `d`)
         and then means the stream inside rules and the output head."""
@@ -740,6 +780,10 @@ class Entry:
 
     def _check(self, placement):
         streams = set(placement.streams)
+        for name in self.bindings:  # [P] Names: a binding's is not reserved, nor a stream's or a constant's
+            if name in RESERVED or name in streams or name in placement.constants:
+                raise FileError(f"{placement.source}: binding '{name}' takes a reserved name or the name of a "
+                                "stream or a constant")
         for kind, names, exprs in self.statements:
             if kind == "assign" and len(names) != len(exprs):
                 raise FileError(f"{placement.source}: {len(names)} targets but {len(exprs)} expressions")
@@ -761,6 +805,22 @@ def _opt_expr(raw, key):
 
 def _count_F(node, seen):
     return (node.kind == "call" and node.op == "F") + sum(_count_F(a, seen) for a in node.args)
+
+
+def _check_fractions(node, source, in_weight=False):
+    """[P] mix_fractions(e, m, w): exactly three arguments; fraction_out and fraction_in only inside w."""
+    if node.kind == "name" and node.value in FRACTION_INDICES and not in_weight:
+        raise FileError(f"{source}: '{node.value}' is used outside the weight (third argument) of "
+                        "mix_fractions(e, m, weight)")
+    if node.kind == "call" and node.op == "mix_fractions":
+        if len(node.args) != 3:
+            raise FileError(f"{source}: mix_fractions takes 3 arguments (a tensor, m, a weight), not "
+                            f"{len(node.args)}: {node!r}")
+        for i, a in enumerate(node.args):
+            _check_fractions(a, source, i == 2)
+        return
+    for a in node.args:
+        _check_fractions(a, source, in_weight)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -804,6 +864,12 @@ class FileStack:
         for l in range(self.S):  # [P] `[learning_rate_scale]`: both rules, every sublayer, before any work
             for rule in placement.learning_rate_scale:
                 self.learning_rate_scale(l, rule)
+        # [P] "Slicing the width": every mix_fractions's m (a whole number >= 1 dividing d) and weights, at each
+        # sublayer's selected entry and at the output head (l = S - 1), before any work
+        for w, e in list(zip(self.where, self.entries)) + [(self.where[-1], None)]:
+            trees = [placement.output] if e is None else list(e.bindings.values()) + [x for _, x in e.assignments]
+            for call in (c for t in trees for c in _mix_calls(t)):
+                w.fraction_weights(call, d)
 
     def _where(self, l):
         return Where(self.p, self.sizes, l, l // self.per_block, self.kinds[l], self.block, self.options)
@@ -906,6 +972,8 @@ class Evaluation:
             return self.attend(node)
         if k == "call" and node.op in ("history_sum", "history_mean"):
             return self.history_read(node)
+        if k == "call" and node.op == "mix_fractions":
+            return self.mix_fractions(node)
         if k == "call":
             if node.op not in TENSOR_FUNCS or len(node.args) != 1:
                 raise FileError(f"{node.op}() of a tensor")
@@ -939,6 +1007,31 @@ class Evaluation:
         w = torch.full((V.shape[-1],), q, dtype=V.dtype) if self.st.Q is None else self.st.Q(self.l, q, V)
         alpha = torch.einsum("d,ntd->nt", w, keys).softmax(dim=0)
         return torch.einsum("nt,ntd->td", alpha, V)
+
+    def mix_fractions(self, node):
+        """[P] `mix_fractions(e, m, w)`: result fraction f (columns f d/m .. (f+1) d/m - 1) is the sum over g of
+        w(f, g) times e's fraction g, w evaluated with fraction_out = f and fraction_in = g; m a whole number
+        >= 1 dividing d. Each output fraction sums its input fractions in increasing g, skipping zero weights
+        (none: zeros); the identity builds no node (e itself, as a scale by exactly 1). Linear: autograd gives
+        the backward (input fraction g gets sum over f of w(f, g) times output fraction f's cotangent)."""
+        e, m_arg, w_arg = node.args  # three arguments: checked when the file was read
+        if not self.is_tensor(e) or self.is_tensor(m_arg) or self.is_tensor(w_arg):
+            raise FileError(f"mix_fractions takes a tensor, a constant m and a constant weight: {node!r}")
+        x = self.tensor(e)
+        m, w = self.where.fraction_weights(node, x.shape[-1])
+        if all(w[f][g] == (1.0 if f == g else 0.0) for f in range(m) for g in range(m)):
+            return x
+        cols = x.shape[-1] // m
+        fractions = [x[..., g * cols:(g + 1) * cols] for g in range(m)]
+        out = []
+        for f in range(m):
+            total = None
+            for g in range(m):
+                if w[f][g] != 0.0:
+                    term = fractions[g] * w[f][g]
+                    total = term if total is None else total + term
+            out.append(torch.zeros_like(fractions[0]) if total is None else total)
+        return torch.cat(out, dim=-1)
 
     def history_read(self, node):
         """[P] `history_sum(s)`, `history_mean(s)`: the sum, or the mean, of stream s's values at its member states
@@ -1000,6 +1093,14 @@ class Evaluation:
 
 def scale(x, c):
     return x if c == 1.0 else x * c  # [P] a scale by exactly 1 builds no node
+
+
+def _mix_calls(node):
+    """Every mix_fractions call in a tensor expression (nested ones included)."""
+    found = [node] if node.kind == "call" and node.op == "mix_fractions" else []
+    for a in node.args:
+        found += _mix_calls(a)
+    return found
 
 
 def _attended(node):

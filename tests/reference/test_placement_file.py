@@ -297,6 +297,48 @@ def constants_at_the_last_sublayer_and_hash():
     assert PF.fnv1a64(b"") == "fnv1a64:cbf29ce484222325" and PF.fnv1a64(b"a") == "fnv1a64:af63dc4c8601ec8c"
 
 
+@test
+def mix_fractions_maps_width_fractions():
+    """[P] "Slicing the width": result fraction f = sum over g of w(f, g) * fraction g (w = d/m columns each),
+    w evaluated with fraction_out = f, fraction_in = g; the identity leaves the tensor as it is; F inside is on
+    the path the update and the sum are inferred through; malformed uses are refused."""
+    def stack(rule, extra=""):
+        p = placement(f'output = "x"\n{extra}[[sublayer]]\nrule = "{rule}"\n')
+        return PF.FileStack(p, [{}] * 2, 2, "attn-ffn", "rms", 16, 5, branch="rotation", sublayers=2)
+
+    a = torch.randn(5, 16)
+    st = stack("x <- mix_fractions(x, 4, if(fraction_in == 3 - fraction_out, 2, 0)) + "
+               "F(mix_fractions(x, 2, if(fraction_in == 0, 1, 0)))")
+    (y,), u, s = st.sublayer(0, (a,))
+    reversed_twice = torch.cat([2.0 * a[:, g * 4:(g + 1) * 4] for g in (3, 2, 1, 0)], dim=1)
+    branch = R.rotate_pairs(torch.cat([a[:, :8], a[:, :8]], dim=1))
+    assert torch.equal(u, branch) and torch.equal(s, reversed_twice + branch) and torch.equal(y, s)
+    st = stack("x <- mix_fractions(x, 2, if(fraction_in == fraction_out, 1, 0)) + F(x)")
+    (y,), _, _ = st.sublayer(0, (a,))
+    assert torch.equal(y, a + R.rotate_pairs(a))
+    st = stack("x <- x + mix_fractions(F(x), 8, 0.5)")  # every fraction: half the sum of F's eight
+    (y,), u, _ = st.sublayer(0, (a,))
+    f = R.rotate_pairs(a)
+    total = sum(0.5 * f[:, g * 2:(g + 1) * 2] for g in range(8))
+    assert torch.allclose(u, torch.cat([total] * 8, dim=1), rtol=0, atol=1e-14)
+    refused = {  # built at construction, or at the sublayer's first evaluation
+        "two arguments": ("x <- x + F(mix_fractions(x, 2))", ""),
+        "fraction_out outside the weight": ("x <- x + fraction_out*F(x)", ""),
+        "fraction_in as m": ("x <- x + F(mix_fractions(x, fraction_in, 1))", ""),
+        "fraction_out in [constants]": ("x <- x + c*F(x)", '[constants]\nc = "fraction_out"\n'),
+        "m not dividing d": ("x <- x + F(mix_fractions(x, 3, 1))", ""),
+        "m not whole": ("x <- x + F(mix_fractions(x, 1.5, 1))", ""),
+        "a tensor weight": ("x <- x + F(mix_fractions(x, 2, x))", ""),
+        "a reserved name": ("x <- x + F(x)", '[constants]\nfraction_in = 1\n'),
+    }
+    for why, (rule, extra) in refused.items():
+        try:
+            stack(rule, extra).sublayer(0, (a,))
+        except PF.FileError:
+            continue
+        raise AssertionError(f"{why}: accepted")
+
+
 OPTS = ('[options.ratio]\nhelp = "r"\ndefault = 0.25\nrange = "[0, 1]"\n'
         '[options.alpha]\nhelp = "a"\ndefault_text = "paper\'s constant"\nrange = "(0, inf)"\n'
         '[options.variant]\nhelp = "v"\ndefault = "v2"\nchoices = ["v1", "v2"]\nin_run_config = true\n')
