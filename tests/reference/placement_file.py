@@ -326,7 +326,7 @@ class Where:
         m = self.value(node.args[1])
         if not (m >= 1 and m == math.floor(m) and d % int(m) == 0):
             raise FileError(f"mix_fractions: m = {m:g} is not a whole number >= 1 dividing the width d = {d} "
-                            f"(sublayer {self.l}): {node!r}")
+                            f"(at l = {self.l}): {node!r}")
         m = int(m)
         w = [[0.0] * m for _ in range(m)]
         for f in range(m):

@@ -297,43 +297,177 @@ def constants_at_the_last_sublayer_and_hash():
     assert PF.fnv1a64(b"") == "fnv1a64:cbf29ce484222325" and PF.fnv1a64(b"a") == "fnv1a64:af63dc4c8601ec8c"
 
 
-@test
-def mix_fractions_maps_width_fractions():
-    """[P] "Slicing the width": result fraction f = sum over g of w(f, g) * fraction g (w = d/m columns each),
-    w evaluated with fraction_out = f, fraction_in = g; the identity leaves the tensor as it is; F inside is on
-    the path the update and the sum are inferred through; malformed uses are refused."""
-    def stack(rule, extra=""):
-        p = placement(f'output = "x"\n{extra}[[sublayer]]\nrule = "{rule}"\n')
-        return PF.FileStack(p, [{}] * 2, 2, "attn-ffn", "rms", 16, 5, branch="rotation", sublayers=2)
+def fractions_by_hand(x, W):
+    """[P] "Slicing the width", by hand: fraction f of the result (d/m columns) = sum over g of W[f, g] times
+    fraction g of x, for an m x m matrix W."""
+    T_, d = x.shape
+    m = W.shape[0]
+    return torch.einsum("fg,tgc->tfc", W, x.reshape(T_, m, d // m)).reshape(T_, d)
 
+
+def mix_stack(rule, extra="", output="x", d=16, S=2, weights=None):
+    """A stack of one file rule: on the rotation branch, or with `weights` (an export's) on the model branch."""
+    p = placement(f'output = "{output}"\n{extra}[[sublayer]]\nrule = "{rule}"\n')
+    if weights is None:
+        return PF.FileStack(p, [{}] * S, 2, "attn-ffn", "rms", d, 5, branch="rotation", sublayers=S)
+    return PF.FileStack(p, weights, 2, "attn-ffn", "rms", d, 5)
+
+
+@test
+def mix_fractions_identity_builds_no_node():
+    """[P] "Slicing the width": the identity weight if(fraction_in == fraction_out, 1, 0) gives e itself (no node,
+    as a scale by exactly 1), at any m dividing d, in a rule and in the output head; mix_fractions(e, 1, 1) is
+    e; an all-ones weight at m = 1 too."""
     a = torch.randn(5, 16)
-    st = stack("x <- mix_fractions(x, 4, if(fraction_in == 3 - fraction_out, 2, 0)) + "
-               "F(mix_fractions(x, 2, if(fraction_in == 0, 1, 0)))")
+    ev_of = lambda st: PF.Evaluation(st, {"x": a}, st.where[0], 0, False, {})
+    for m in (1, 2, 4, 8, 16):
+        st = mix_stack("x <- x + F(x)", output=f"mix_fractions(x, {m}, if(fraction_in == fraction_out, 1, 0))")
+        assert ev_of(st).tensor(st.p.output) is a, m
+        assert st.output((a,)) is a, m
+    for head in ("mix_fractions(x, 1, 1)", "mix_fractions(x, 1, fraction_out + fraction_in + 1)"):
+        st = mix_stack("x <- x + F(x)", output=head)
+        assert st.output((a,)) is a, head
+    st = mix_stack("x <- mix_fractions(x, 4, if(fraction_in == fraction_out, 1, 0)) + F(x)")
     (y,), u, s = st.sublayer(0, (a,))
-    reversed_twice = torch.cat([2.0 * a[:, g * 4:(g + 1) * 4] for g in (3, 2, 1, 0)], dim=1)
-    branch = R.rotate_pairs(torch.cat([a[:, :8], a[:, :8]], dim=1))
-    assert torch.equal(u, branch) and torch.equal(s, reversed_twice + branch) and torch.equal(y, s)
-    st = stack("x <- mix_fractions(x, 2, if(fraction_in == fraction_out, 1, 0)) + F(x)")
+    assert torch.equal(y, a + R.rotate_pairs(a)) and torch.equal(u, R.rotate_pairs(a)) and torch.equal(s, y)
+    st = mix_stack("x <- x + F(N(mix_fractions(x, 2, if(fraction_in == fraction_out, 1, 0))))")
     (y,), _, _ = st.sublayer(0, (a,))
-    assert torch.equal(y, a + R.rotate_pairs(a))
-    st = stack("x <- x + mix_fractions(F(x), 8, 0.5)")  # every fraction: half the sum of F's eight
-    (y,), u, _ = st.sublayer(0, (a,))
-    f = R.rotate_pairs(a)
-    total = sum(0.5 * f[:, g * 2:(g + 1) * 2] for g in range(8))
-    assert torch.allclose(u, torch.cat([total] * 8, dim=1), rtol=0, atol=1e-14)
-    refused = {  # built at construction, or at the sublayer's first evaluation
-        "two arguments": ("x <- x + F(mix_fractions(x, 2))", ""),
-        "fraction_out outside the weight": ("x <- x + fraction_out*F(x)", ""),
-        "fraction_in as m": ("x <- x + F(mix_fractions(x, fraction_in, 1))", ""),
-        "fraction_out in [constants]": ("x <- x + c*F(x)", '[constants]\nc = "fraction_out"\n'),
-        "m not dividing d": ("x <- x + F(mix_fractions(x, 3, 1))", ""),
-        "m not whole": ("x <- x + F(mix_fractions(x, 1.5, 1))", ""),
-        "a tensor weight": ("x <- x + F(mix_fractions(x, 2, x))", ""),
-        "a reserved name": ("x <- x + F(x)", '[constants]\nfraction_in = 1\n'),
+    assert torch.equal(y, a + R.rotate_pairs(R.rms_norm(a)))
+
+
+@test
+def mix_fractions_is_the_stated_linear_map():
+    """[P] "Slicing the width": mix_fractions in a rule is the map result_f = sum_g w(f, g) e_g (a swap and a
+    gather at m = 2, the page's Frac-Connections rule at m = 4, general weights using l and a constant), on the
+    rotation branch and on the model's attention and FFN; F inside it is looked through for the update and the
+    sum; autograd's backward is the stated one (input fraction g: sum over f of w(f, g) times output f's)."""
+    a = torch.randn(5, 16)
+    swap, first = torch.tensor([[0.0, 1.0], [1.0, 0.0]]), torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    # m = 2: the residual swaps the two fractions, the branch input gathers fraction 0 into both
+    st = mix_stack("x <- mix_fractions(x, 2, if(fraction_in == 1 - fraction_out, 1, 0)) + "
+                   "F(mix_fractions(x, 2, if(fraction_in == 0, 1, 0)))")
+    (y,), u, s = st.sublayer(0, (a,))
+    branch = R.rotate_pairs(fractions_by_hand(a, first))
+    assert torch.equal(fractions_by_hand(a, first), torch.cat([a[:, :8], a[:, :8]], dim=1))
+    assert torch.equal(u, branch) and torch.equal(s, fractions_by_hand(a, swap) + branch) and torch.equal(y, s)
+    # the page's Frac-Connections rule (lucidrains' layout) at m = 4, on the model's own branch
+    path = T.make_export("pre-ln", B=2, name="pf_mix_fractions.st")
+    _, _, _, x0, _, weights = R.load_export(path)
+    gather = lambda idx: torch.tensor([[1.0 if g == idx(f) else 0.0 for g in range(4)] for f in range(4)])
+    Y = gather(lambda f: 0 if 2 * f < 4 else 2 * f - 4)
+    A = gather(lambda f: 0 if 2 * f + 1 < 4 else 2 * f + 1 - 4)
+    rule = ("o = F(N(mix_fractions(x, m, if(fraction_in == if(2*fraction_out < m, 0, 2*fraction_out - m), 1, 0))))"
+            "; x <- mix_fractions(x, m, if(fraction_in == if(2*fraction_out + 1 < m, 0, 2*fraction_out + 1 - m), "
+            "1, 0)) + mix_fractions(o, m, 1)")
+    st = mix_stack(rule, '[constants]\nm = 4\n', d=x0.shape[1], weights=weights)
+    for l, f_of in ((0, lambda h: R.attention(h, weights[0], 2)), (1, lambda h: R.ffn(h, weights[1]))):
+        (y,), u, s = st.sublayer(l, (x0,))
+        o = f_of(R.rms_norm(fractions_by_hand(x0, Y)))
+        assert torch.equal(fractions_by_hand(x0, Y), x0[:, [*range(4), *range(4), *range(4), *range(8, 12)]])
+        assert torch.allclose(u, fractions_by_hand(o, torch.ones(4, 4)), rtol=0, atol=1e-13), l
+        assert torch.equal(s, fractions_by_hand(x0, A) + u) and torch.equal(y, s), l
+    # general weights (l, a named constant, both indices), summed in increasing g with zero weights skipped
+    weight = "if(fraction_in == 2, 0, c*(1 + fraction_out) - fraction_in/(l + 2))"
+    st = mix_stack(f"x <- x + mix_fractions(F(x), 4, {weight})", '[constants]\nc = 0.75\n', S=4)
+    for l in range(4):
+        W = torch.tensor([[0.0 if g == 2 else 0.75 * (1 + f) - g / (l + 2) for g in range(4)] for f in range(4)])
+        (y,), u, s = st.sublayer(l, (a,))
+        assert torch.allclose(u, fractions_by_hand(R.rotate_pairs(a), W), rtol=0, atol=1e-14), l
+        assert torch.equal(s, a + u) and torch.equal(y, s), l
+        x = a.clone().requires_grad_(True)
+        probe = torch.randn(5, 16)
+        (y,), _, _ = st.sublayer(l, (x,))
+        (grad,) = torch.autograd.grad((probe * y).sum(), x)
+        want = probe + R.rotate_pairs(fractions_by_hand(probe, W.T)) * -1.0  # rotate_pairs^T = -rotate_pairs
+        assert torch.allclose(grad, want, rtol=0, atol=1e-13), l
+    # zero weights are skipped, not multiplied: an infinite fraction of e with weight 0 leaves the result finite,
+    # and an output fraction whose weights are all 0 is 0
+    big = a.clone()
+    big[:, 8:12] = math.inf
+    st = mix_stack("x <- x + F(x)", output="mix_fractions(x, 4, if(fraction_in == 2 or fraction_out == 3, 0, 1))")
+    got = st.output((big,))
+    keep = torch.tensor([[1.0, 1.0, 0.0, 1.0]] * 3 + [[0.0] * 4])
+    assert torch.allclose(got, fractions_by_hand(a, keep), rtol=0, atol=1e-14), got
+    assert torch.equal(got[:, 12:], torch.zeros(5, 4))
+    # F held through mix_fractions: the outermost + on the path is inside it (update F, sum the add)
+    st = mix_stack("x <- mix_fractions(x + F(x), 2, if(fraction_in == 1 - fraction_out, 1, 0))")
+    (y,), u, s = st.sublayer(0, (a,))
+    assert torch.equal(u, R.rotate_pairs(a)) and torch.equal(s, a + u) and torch.equal(y, fractions_by_hand(s, swap))
+    st = mix_stack("x <- mix_fractions(F(x), 2, 2)")  # no + or - on the path: both the assigned expression
+    (y,), u, s = st.sublayer(0, (a,))
+    assert torch.equal(y, fractions_by_hand(R.rotate_pairs(a), torch.full((2, 2), 2.0))) and u is y and s is y
+    # in the output head, with the constants of the last sublayer (l = S - 1)
+    st = mix_stack("x <- x + F(x)", output="N(mix_fractions(x, 2, if(fraction_in == fraction_out, l, 0)))", S=4)
+    assert torch.equal(st.output((a,)), R.rms_norm(fractions_by_hand(a, torch.eye(2) * 3.0)))
+
+
+@test
+def mix_fractions_malformed_uses_are_refused():
+    """[P] "Slicing the width" and Names: the names are reserved; mix_fractions takes three arguments;
+    fraction_out and fraction_in mean nothing outside its weight (rules, [constants], conditions, gains, the
+    output head, even where never evaluated): refused when the file is read. m not a whole number >= 1
+    dividing d: refused when the stack is built at the sizes (every sublayer and the output head, before any
+    work), naming m and d. A tensor weight or m, or a constant first argument: refused when evaluated, as the
+    interpreter's other typing errors."""
+    rule = lambda r, extra="", output="x": f'output = "{output}"\n{extra}[[sublayer]]\nrule = "{r}"\n'
+    at_reading = {
+        "two arguments": rule("x <- x + F(mix_fractions(x, 2))"),
+        "four arguments": rule("x <- x + F(mix_fractions(x, 2, 1, 1))"),
+        "one argument in the output head": rule("x <- x + F(x)", output="mix_fractions(x)"),
+        "fraction_out outside the weight": rule("x <- x + fraction_out*F(x)"),
+        "fraction_in in a branch never taken": rule("x <- x + if(l < 0, fraction_in, 1)*F(x)"),
+        "fraction_in as m": rule("x <- x + F(mix_fractions(x, fraction_in, 1))"),
+        "fraction_out in the tensor argument": rule("x <- x + F(mix_fractions(fraction_out*x, 2, 1))"),
+        "fraction_out in [constants]": rule("x <- x + c*F(x)", '[constants]\nc = "fraction_out"\n'),
+        "fraction_out in [constants] used as a weight": rule("x <- x + F(mix_fractions(x, 2, c))",
+                                                            '[constants]\nc = "if(fraction_out == 0, 1, 0)"\n'),
+        "fraction_in in the output head": rule("x <- x + F(x)", output="fraction_in*x"),
+        "fraction_in in when": rule("x <- x + F(x)").replace("[[sublayer]]\n", '[[sublayer]]\nwhen = "fraction_in == 0"\n'),
+        "fraction_out in skip_gain": rule("x <- x + F(x)") + 'skip_gain = "fraction_out"\n',
+        "fraction_out in [init_gain]": rule("x <- x + F(x)", '[init_gain]\nv = "fraction_out"\n'),
+        "a constant named fraction_in": rule("x <- x + F(x)", "[constants]\nfraction_in = 1\n"),
+        "a constant named mix_fractions": rule("x <- x + F(x)", "[constants]\nmix_fractions = 1\n"),
+        "a stream named fraction_out": 'streams = ["fraction_out"]\n' + rule("fraction_out <- fraction_out + F(fraction_out)"),
+        "a binding named fraction_out": rule("fraction_out = F(x); x <- x + fraction_out"),
+        "a binding named mix_fractions": rule("mix_fractions = F(x); x <- x + mix_fractions"),
+        "an option named fraction_in": rule("x <- x + F(x)", '[options.fraction_in]\nhelp = "h"\ndefault = 1\n'),
     }
-    for why, (rule, extra) in refused.items():
+    for why, body in at_reading.items():
         try:
-            stack(rule, extra).sublayer(0, (a,))
+            placement(body)
+        except PF.FileError:
+            continue
+        raise AssertionError(f"{why}: accepted when the file was read")
+    at_building = {  # the file reads; the stack at d = 16, S = 4 is refused before any sublayer runs
+        "m not dividing d": rule("x <- x + F(mix_fractions(x, 3, 1))"),
+        "m larger than d": rule("x <- x + F(mix_fractions(x, 32, 1))"),
+        "m not whole": rule("x <- x + F(mix_fractions(x, 1.5, 1))"),
+        "m zero": rule("x <- x + F(mix_fractions(x, 0, 1))"),
+        "m negative": rule("x <- x + F(mix_fractions(x, -2, 1))"),
+        "m = l + 1 at sublayer 2 only": rule("x <- x + F(mix_fractions(x, l + 1, 1))"),
+        "m in a binding": rule("o = F(x); x <- x + mix_fractions(o, 5, 1)"),
+        "m in the output head": rule("x <- x + F(x)", output="mix_fractions(x, 6, 1)"),
+        "a weight that is not finite": rule("x <- x + F(mix_fractions(x, 2, 1/fraction_in))"),
+    }
+    for why, body in at_building.items():
+        p = placement(body)
+        try:
+            PF.FileStack(p, [{}] * 4, 2, "attn-ffn", "rms", 16, 5, branch="rotation", sublayers=4)
+        except PF.FileError as e:
+            assert why == "a weight that is not finite" or ("m = " in str(e) and "d = 16" in str(e)), (why, str(e))
+            continue
+        raise AssertionError(f"{why}: accepted when the stack was built")
+    PF.FileStack(placement(rule("x <- x + F(mix_fractions(x, l + 1, 1))")), [{}] * 2, 2, "attn-ffn", "rms", 16, 5,
+                 branch="rotation", sublayers=2)  # m = 1, 2 divide 16: accepted
+    at_evaluation = {
+        "a tensor weight": rule("x <- x + F(mix_fractions(x, 2, x))"),
+        "a tensor m": rule("x <- x + F(mix_fractions(x, x, 1))"),
+        "a constant first argument": rule("x <- x + F(x) + mix_fractions(2, 2, 1)"),
+    }
+    a = torch.randn(5, 16)
+    for why, body in at_evaluation.items():
+        try:
+            mix_stack(body.split('rule = "')[1].rstrip('"\n')).sublayer(0, (a,))
         except PF.FileError:
             continue
         raise AssertionError(f"{why}: accepted")
