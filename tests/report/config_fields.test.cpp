@@ -74,7 +74,9 @@ TEST_CASE("the sweep model holds the fields every cell shares and the options re
                                                "attnres_query",
                                                "completep_alpha",
                                                "completep_base_depth",
-                                               "dwa_init"});
+                                               "dwa_init",
+                                               "frac_init",
+                                               "num_fracs"});
   CHECK(json.at("alpha") == "paper's constant");  // unset: the placement's own constant
   CHECK(json.at("keel_variant") == "v2");
   CHECK(json.at("mix_ratio") == 0.25);
@@ -115,7 +117,9 @@ TEST_CASE("check compares the configuration fields that change what a run measur
                                                            "attnres_query",
                                                            "completep_alpha",
                                                            "completep_base_depth",
-                                                           "dwa_init"});
+                                                           "dwa_init",
+                                                           "frac_init",
+                                                           "num_fracs"});
   CHECK(config_flag("experts_active") == "--experts-active");
   CHECK(config_flag("blocks") == "--depth");
   CHECK(config_flag("keel_variant") == "--keel-variant");
