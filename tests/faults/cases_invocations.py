@@ -46,7 +46,7 @@ for option, arch, extra in [("--input-corr", "keel", ["-1", "2"]), ("--mix-ratio
                             ("--completep-alpha", "completep", ["0.4", "1.5"]),
                             ("--completep-base-depth", "completep", ["0", "-2"]),
                             ("--attnres-blocks", "attnres-block", ["0", "2.5"]),
-                            ("--num-fracs", "frac-connections", ["0", "2"])]:
+                            ("--num-fracs", "frac-connections", ["0", "3", "2.5"])]:  # 3: not a divisor of --width 16
     for value in FLOAT_BAD + extra:
         bad("analyze", option, value, prefix=["--arch", arch, *TINY],
             shown={"1e400": "inf", "NaN": "nan"}.get(value, value))
