@@ -81,8 +81,7 @@ TEST_CASE("placement options: one flag per key, declared by the placements that 
   // The built-ins' options, then the shipped files' (data/placements, in file-name order).
   CHECK(keys == std::vector<std::string_view>{"alpha", "keel_variant", "mix_ratio", "rezero_alpha",
                                               "attnres_blocks", "attnres_query", "completep_alpha",
-                                              "completep_base_depth", "dwa_init", "frac_init",
-                                              "num_fracs"});
+                                              "completep_base_depth", "dwa_init", "frac_init", "num_fracs"});
   CHECK(placements_declaring("alpha") == std::vector<std::string_view>{"deepnorm", "keel", "deepnorm-glm"});
   CHECK(placements_declaring("mix_ratio") == std::vector<std::string_view>{"mix-ln"});
   // A given option reaches the placement's constants; an absent one leaves its own default.
