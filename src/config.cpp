@@ -41,6 +41,11 @@ std::string_view to_string(InitKind value) {
   }
   return "?";
 }
+bool is_tanh_gelu_name(std::string_view activation) {
+  return activation == "gelu_new" || activation == "gelu_pytorch_tanh" || activation == "gelu_fast" ||
+         activation == "gelu_accurate";
+}
+
 std::string_view to_string(FfnKind value) {
   switch (value) {
     case FfnKind::gelu:
@@ -49,6 +54,10 @@ std::string_view to_string(FfnKind value) {
       return "swiglu";
     case FfnKind::geglu:
       return "geglu";
+    case FfnKind::gelu_tanh:
+      return "gelu_tanh";
+    case FfnKind::geglu_tanh:
+      return "geglu_tanh";
   }
   return "?";
 }

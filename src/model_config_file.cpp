@@ -207,10 +207,10 @@ void read_attention(KeyReader& keys, const KeyNames& names, const Family& family
 
 FfnKind ffn_kind(const KeyReader& keys, std::string_view key, const std::string& activation, bool gated) {
   const bool silu = activation == "silu" || activation == "swish";
-  const bool gelu = activation.rfind("gelu", 0) == 0;
+  const bool gelu = activation.rfind("gelu", 0) == 0, tanh = is_tanh_gelu_name(activation);
   if (gated && silu) return FfnKind::swiglu;
-  if (gated && gelu) return FfnKind::geglu;
-  if (!gated && gelu) return FfnKind::gelu;
+  if (gated && gelu) return tanh ? FfnKind::geglu_tanh : FfnKind::geglu;
+  if (!gated && gelu) return tanh ? FfnKind::gelu_tanh : FfnKind::gelu;
   keys.fail(key, fmt::format("{:?} has no gradflow FFN for this family; gradflow has {}", activation,
                              gated ? "silu (SwiGLU) and gelu* (GeGLU)" : "gelu* (the GELU MLP)"));
 }
@@ -228,9 +228,6 @@ void read_ffn(KeyReader& keys, const KeyNames& names, const Family& family, Shap
   const FfnKind ffn = ffn_kind(keys, act_key, activation, family.gated);
   add(file, "ffn", "--ffn", act_value ? from_file(act_key) : "default of model_type gpt2 (gelu_new)",
       std::string(to_string(ffn)), [ffn](ModelConfig& m) { m.ffn = to_string(ffn); });
-  if (activation.find("tanh") != std::string::npos || activation == "gelu_new" || activation == "gelu_fast")
-    file.notes.push_back(fmt::format("{} {} is the tanh approximation of GELU; gradflow uses the erf form",
-                                     act_key, activation));
   const json* hidden =
       family.gated ? &keys.required(names.ffn_hidden, "the FFN's hidden width") : keys.find(names.ffn_hidden);
   if (!hidden) {  // GPT2Config: n_inner None is 4 * hidden_size, the run's width (--width included)

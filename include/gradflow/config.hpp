@@ -18,7 +18,21 @@ enum class BlockKind { attn_ffn, ffn, attn };
 enum class SublayerKind { attn, ffn };
 // The feed-forward sublayer: gelu(x W_1) W_2 (Vaswani et al. 2017), or a gated linear unit
 // (act(x W_1) * (x W_3)) W_2 with act = SiLU (swiglu) or GELU (geglu) (Shazeer 2020, arXiv 2002.05202).
-enum class FfnKind { gelu, swiglu, geglu };
+// gelu_tanh and geglu_tanh take GELU's tanh approximation (Hendrycks & Gimpel 2016, arXiv 1606.08415,
+// Sec. 2), the form GPT-2 and Gemma were trained with (transformers' gelu_new, gelu_pytorch_tanh).
+enum class FfnKind { gelu, swiglu, geglu, gelu_tanh, geglu_tanh };
+// Whether the FFN has a gate x W_3 (every kind but gelu and gelu_tanh).
+inline bool ffn_gated(FfnKind kind) {
+  return kind != FfnKind::gelu && kind != FfnKind::gelu_tanh;
+}
+// transformers/activations.py's ACT2FN names of GELU's tanh approximation (gelu_new,
+// gelu_pytorch_tanh, gelu_fast, gelu_accurate: one function written four ways); its other gelu*
+// names are the erf form.
+bool is_tanh_gelu_name(std::string_view activation);
+// Whether its GELU is the tanh approximation.
+inline bool gelu_tanh_form(FfnKind kind) {
+  return kind == FfnKind::gelu_tanh || kind == FfnKind::geglu_tanh;
+}
 // `rotation` replaces every branch F by a fixed 90-degree rotation within coordinate pairs: the
 // idealised branch of the closed forms (as large as its input and orthogonal to it).
 enum class BranchKind { model, rotation };

@@ -57,11 +57,13 @@ void mix_fractions_backward(int fractions, const std::vector<double>& weights, c
                             Mat<Scalar>& dx);
 
 // ---------------------------------------------------------------------------------------------
-// GELU, erf form: gelu(x) = x Phi(x) (Hendrycks & Gimpel 2016, arXiv 1606.08415).
+// GELU, erf form: gelu(x) = x Phi(x) (Hendrycks & Gimpel 2016, arXiv 1606.08415); with tanh_form,
+// its tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (ibid., Sec. 2; GPT-2's
+// and Gemma's). The backward adds dy * gelu'(x) into dx; dy may hold K probes of x's rows.
 template <typename Scalar>
-void gelu_forward(const Mat<Scalar>& x, Mat<Scalar>& y);
+void gelu_forward(const Mat<Scalar>& x, Mat<Scalar>& y, bool tanh_form = false);
 template <typename Scalar>
-void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx);
+void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx, bool tanh_form = false);
 
 // SiLU (Swish-1): silu(x) = x sigmoid(x) (Elfwing et al. 2018, arXiv 1702.03118; Ramachandran et
 // al. 2017, arXiv 1710.05941), SwiGLU's gate activation.
@@ -118,7 +120,7 @@ enum AttentionWeight : int { kWeightQ, kWeightK, kWeightV, kWeightO, kAttentionW
 // The FFN's: W_1 up (d, hidden), W_2 down (hidden, d), and a gated FFN's W_3 gate (d, hidden).
 enum FfnWeight : int { kWeightUp, kWeightDown, kWeightGate };
 inline int ffn_weight_count(FfnKind kind) {
-  return kind == FfnKind::gelu ? 2 : 3;
+  return ffn_gated(kind) ? 3 : 2;
 }
 
 // Squared Frobenius norms of dL/dW summed over the sublayer's matrices, one entry per probe.

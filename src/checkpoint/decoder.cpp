@@ -73,43 +73,20 @@ void norm_backward(bool layer, const Mat<Scalar>& n, const Vec<Scalar>& inv, con
 }
 
 // ---------------------------------------------------------------------------------------------
-// Activations (transformers/activations.py)
-
-constexpr double kGeluTanhC = 0.7978845608028654;  // sqrt(2 / pi), NewGELUActivation
-constexpr double kGeluTanhA = 0.044715;
+// Activations (transformers/activations.py), as the FFN op computes them (ops.hpp): silu, gelu
+// (erf) and gelu_tanh (gelu_new, gelu_pytorch_tanh).
 
 template <typename Scalar>
-Scalar activate(HfActivation kind, Scalar x) {
-  switch (kind) {
-    case HfActivation::silu:
-      return x / (Scalar(1) + std::exp(-x));
-    case HfActivation::gelu:
-      return Scalar(0.5) * x * (Scalar(1) + std::erf(x / std::sqrt(Scalar(2))));
-    default: {
-      const Scalar inner = Scalar(kGeluTanhC) * (x + Scalar(kGeluTanhA) * x * x * x);
-      return Scalar(0.5) * x * (Scalar(1) + std::tanh(inner));
-    }
-  }
+void activation_forward(HfActivation kind, const Mat<Scalar>& x, Mat<Scalar>& y) {
+  if (kind == HfActivation::silu) return silu_forward(x, y);
+  gelu_forward(x, y, kind == HfActivation::gelu_tanh);
 }
+// d_x = d_y * act'(x).
 template <typename Scalar>
-Scalar activate_slope(HfActivation kind, Scalar x) {
-  switch (kind) {
-    case HfActivation::silu: {
-      const Scalar s = Scalar(1) / (Scalar(1) + std::exp(-x));
-      return s * (Scalar(1) + x * (Scalar(1) - s));
-    }
-    case HfActivation::gelu: {
-      const Scalar cdf = Scalar(0.5) * (Scalar(1) + std::erf(x / std::sqrt(Scalar(2))));
-      const Scalar pdf = std::exp(Scalar(-0.5) * x * x) / std::sqrt(Scalar(2 * std::numbers::pi));
-      return cdf + x * pdf;
-    }
-    default: {
-      const Scalar inner = Scalar(kGeluTanhC) * (x + Scalar(kGeluTanhA) * x * x * x);
-      const Scalar th = std::tanh(inner);
-      const Scalar d_inner = Scalar(kGeluTanhC) * (Scalar(1) + Scalar(3 * kGeluTanhA) * x * x);
-      return Scalar(0.5) * (Scalar(1) + th) + Scalar(0.5) * x * (Scalar(1) - th * th) * d_inner;
-    }
-  }
+void activation_backward(HfActivation kind, const Mat<Scalar>& x, const Mat<Scalar>& d_y, Mat<Scalar>& d_x) {
+  d_x.setZero(x.rows(), x.cols());
+  if (kind == HfActivation::silu) return silu_backward(x, d_y, d_x);
+  gelu_backward(x, d_y, d_x, kind == HfActivation::gelu_tanh);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -268,14 +245,13 @@ template <typename Scalar>
 void mlp_forward(const HfModelSpec& spec, const SublayerParams<Scalar>& p, SublayerCache<Scalar>& c) {
   c.up.noalias() = c.h * p.w_up.transpose();
   if (p.b_up.size() > 0) c.up.rowwise() += p.b_up.transpose();
-  const auto act = [&](Scalar x) { return activate(spec.activation, x); };
   if (spec.gated) {
     c.gate_pre.noalias() = c.h * p.w_gate.transpose();
     if (p.b_gate.size() > 0) c.gate_pre.rowwise() += p.b_gate.transpose();
-    c.activated = c.gate_pre.unaryExpr(act);
+    activation_forward(spec.activation, c.gate_pre, c.activated);
     c.hidden = c.activated.array() * c.up.array();
   } else {
-    c.hidden = c.up.unaryExpr(act);
+    activation_forward(spec.activation, c.up, c.hidden);
   }
   c.branch.noalias() = c.hidden * p.w_down.transpose();
   if (p.b_down.size() > 0) c.branch.rowwise() += p.b_down.transpose();
@@ -285,15 +261,14 @@ template <typename Scalar>
 void mlp_backward(const HfModelSpec& spec, const SublayerParams<Scalar>& p, SublayerCache<Scalar>& c,
                   const Mat<Scalar>& d_branch_out, Mat<Scalar>& d_h, SublayerGradients<Scalar>* grads, bool form) {
   const Mat<Scalar> d_hidden = d_branch_out * p.w_down;
-  const auto slope = [&](Scalar x) { return activate_slope(spec.activation, x); };
   Mat<Scalar> d_up, d_gate;
   if (spec.gated) {
     d_up = d_hidden.array() * c.activated.array();
-    d_gate = d_hidden.array() * c.up.array() * c.gate_pre.unaryExpr(slope).array();
+    activation_backward(spec.activation, c.gate_pre, Mat<Scalar>(d_hidden.array() * c.up.array()), d_gate);
     d_h.noalias() = d_gate * p.w_gate;
     d_h.noalias() += d_up * p.w_up;
   } else {
-    d_up = d_hidden.array() * c.up.unaryExpr(slope).array();
+    activation_backward(spec.activation, c.up, d_hidden, d_up);
     d_h.noalias() = d_up * p.w_up;
   }
   if (grads) {

@@ -104,10 +104,9 @@ HfActivation activation_of(const Keys& keys, std::string_view key, std::string_v
   const std::string name = keys.text(key, fallback);
   if (name == "silu" || name == "swish") return HfActivation::silu;
   if (name == "gelu") return HfActivation::gelu;
-  if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast")
-    return HfActivation::gelu_tanh;
+  if (is_tanh_gelu_name(name)) return HfActivation::gelu_tanh;
   keys.fail(key, fmt::format("\"{}\" is not an activation gradflow computes (silu, gelu, gelu_new, "
-                             "gelu_pytorch_tanh)",
+                             "gelu_pytorch_tanh, gelu_fast, gelu_accurate)",
                              name));
 }
 
@@ -412,8 +411,10 @@ ModelConfig model_config_of(const HfModelSpec& spec, int tokens, Precision preci
   config.init = InitKind::normal;
   config.precision = precision;
   config.seed = seed;
-  config.ffn = to_string(!spec.gated                             ? FfnKind::gelu
+  const bool tanh = spec.activation == HfActivation::gelu_tanh;
+  config.ffn = to_string(!spec.gated                             ? (tanh ? FfnKind::gelu_tanh : FfnKind::gelu)
                          : spec.activation == HfActivation::silu ? FfnKind::swiglu
+                         : tanh                                  ? FfnKind::geglu_tanh
                                                                  : FfnKind::geglu);
   config.ffn_hidden_width = spec.intermediate;
   config.rope_theta = spec.rope_theta;

@@ -11,31 +11,53 @@
 
 namespace gradflow {
 
+// GELU's tanh approximation (Hendrycks & Gimpel 2016, arXiv 1606.08415, Sec. 2; transformers'
+// NewGELUActivation and gelu_pytorch_tanh): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+constexpr double kGeluTanhScale = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluTanhCubic = 0.044715;
+
 // Eigen's vectorised erf (a rational approximation within a few float ulps of std::erf for
-// float; std::erf itself for double), applied row by row so that column blocks of a row-major
-// matrix (one block of hidden units) work too.
+// float; std::erf itself for double) or tanh, applied row by row so that column blocks of a
+// row-major matrix (one block of hidden units) work too.
 template <typename Scalar, typename In, typename Out>
-void gelu_forward_rows(const In& x, Out&& y) {
+void gelu_forward_rows(const In& x, Out&& y, bool tanh_form) {
   const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
+  const Scalar scale = static_cast<Scalar>(kGeluTanhScale), cubic = static_cast<Scalar>(kGeluTanhCubic);
   for (Eigen::Index r = 0; r < x.rows(); ++r) {
     const auto in = x.row(r).array();
-    y.row(r).array() = Scalar(0.5) * in * (Scalar(1) + (in * inv_sqrt2).erf());
+    if (tanh_form) {
+      y.row(r).array() = Scalar(0.5) * in * (Scalar(1) + (scale * (in + cubic * in.cube())).tanh());
+    } else {
+      y.row(r).array() = Scalar(0.5) * in * (Scalar(1) + (in * inv_sqrt2).erf());
+    }
   }
 }
 
-// dx (+)= dy * gelu'(x), d/dx [x Phi(x)] = Phi(x) + x phi(x); dy holds K probes of x's rows.
+// gelu'(x) for one row: d/dx [x Phi(x)] = Phi(x) + x phi(x); for the tanh form, with
+// u = s (x + c x^3) and t = tanh(u), 0.5 (1 + t) + 0.5 x (1 - t^2) s (1 + 3 c x^2).
+template <typename Scalar, typename In>
+void gelu_slope_row(const In& in, bool tanh_form, Eigen::Array<Scalar, 1, Eigen::Dynamic>& slope) {
+  if (tanh_form) {
+    const Scalar scale = static_cast<Scalar>(kGeluTanhScale), cubic = static_cast<Scalar>(kGeluTanhCubic);
+    slope = (scale * (in + cubic * in.cube())).tanh();
+    slope = Scalar(0.5) * (Scalar(1) + slope) +
+            Scalar(0.5) * in * (Scalar(1) - slope.square()) * scale * (Scalar(1) + Scalar(3) * cubic * in.square());
+  } else {
+    const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
+    const Scalar inv_sqrt_2pi = static_cast<Scalar>(1.0 / std::sqrt(2.0 * std::numbers::pi));
+    slope = Scalar(0.5) * (Scalar(1) + (in * inv_sqrt2).erf()) + in * inv_sqrt_2pi * (Scalar(-0.5) * in.square()).exp();
+  }
+}
+
+// dx (+)= dy * gelu'(x); dy holds K probes of x's rows.
 // slope: one row of scratch, kept by the caller so that the loop does not allocate.
 template <typename Scalar, typename In, typename DOut, typename DIn>
 void gelu_backward_rows(const In& x, const DOut& dy, DIn&& dx, Eigen::Array<Scalar, 1, Eigen::Dynamic>& slope,
-                        bool accumulate = false) {
-  const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
-  const Scalar inv_sqrt_2pi = static_cast<Scalar>(1.0 / std::sqrt(2.0 * std::numbers::pi));
+                        bool tanh_form, bool accumulate = false) {
   const Eigen::Index tokens = x.rows();
   slope.resize(x.cols());
   for (Eigen::Index r = 0; r < tokens; ++r) {
-    const auto in = x.row(r).array();
-    slope = Scalar(0.5) * (Scalar(1) + (in * inv_sqrt2).erf()) +
-            in * inv_sqrt_2pi * (Scalar(-0.5) * in.square()).exp();
+    gelu_slope_row<Scalar>(x.row(r).array(), tanh_form, slope);
     for (Eigen::Index row = r; row < dy.rows(); row += tokens) {
       if (accumulate) {
         dx.row(row).array() += dy.row(row).array() * slope;
@@ -47,15 +69,15 @@ void gelu_backward_rows(const In& x, const DOut& dy, DIn&& dx, Eigen::Array<Scal
 }
 
 template <typename Scalar>
-void gelu_forward(const Mat<Scalar>& x, Mat<Scalar>& y) {
+void gelu_forward(const Mat<Scalar>& x, Mat<Scalar>& y, bool tanh_form) {
   y.resize(x.rows(), x.cols());
-  gelu_forward_rows<Scalar>(x, y);
+  gelu_forward_rows<Scalar>(x, y, tanh_form);
 }
 
 template <typename Scalar>
-void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx) {
+void gelu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx, bool tanh_form) {
   Eigen::Array<Scalar, 1, Eigen::Dynamic> slope;
-  gelu_backward_rows<Scalar>(x, dy, dx, slope, true);
+  gelu_backward_rows<Scalar>(x, dy, dx, slope, tanh_form, true);
 }
 
 template <typename Scalar>
@@ -96,13 +118,23 @@ void shared_input_gram(int item, const Mat<Scalar>& x, const Mat<Scalar>& d_out,
   lower_gram<Scalar>(d_out.middleRows((item - 1) * tokens, tokens), grams[item]);
 }
 
-// The gate's activation act(x) on a block of rows: SiLU for swiglu, GELU for geglu.
+// The gate's activation act(x) on a block of rows: SiLU for swiglu, GELU for geglu (either form).
 template <typename Scalar, typename In, typename Out>
 void gate_activation_rows(FfnKind kind, const In& x, Out&& y) {
-  if (kind == FfnKind::geglu) return gelu_forward_rows<Scalar>(x, y);
+  if (kind != FfnKind::swiglu) return gelu_forward_rows<Scalar>(x, y, gelu_tanh_form(kind));
   for (Eigen::Index r = 0; r < x.rows(); ++r) {  // silu(x) = x sigmoid(x) (Elfwing et al. 2018)
     const auto in = x.row(r).array();
     y.row(r).array() = in / (Scalar(1) + (-in).exp());
+  }
+}
+
+// geglu_tanh's slope = gelu_tanh'(pre) * gate, token by token (T, n).
+template <typename Scalar, typename In, typename Out>
+void tanh_gate_slope_rows(const In& pre, const In& gate, Out&& slope) {
+  thread_local Eigen::Array<Scalar, 1, Eigen::Dynamic> row_slope;  // a row of scratch per thread
+  for (Eigen::Index r = 0; r < pre.rows(); ++r) {
+    gelu_slope_row<Scalar>(pre.row(r).array(), true, row_slope);
+    slope.row(r).array() = row_slope * gate.row(r).array();
   }
 }
 
@@ -110,6 +142,7 @@ void gate_activation_rows(FfnKind kind, const In& x, Out&& y) {
 // gelu' = Phi(x) + x phi(x); silu' = sigmoid(x) (1 + x (1 - sigmoid(x))).
 template <typename Scalar, typename In, typename Out>
 void gate_slope_rows(FfnKind kind, const In& pre, const In& gate, Out&& slope) {
+  if (kind == FfnKind::geglu_tanh) return tanh_gate_slope_rows<Scalar>(pre, gate, slope);
   const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
   const Scalar inv_sqrt_2pi = static_cast<Scalar>(1.0 / std::sqrt(2.0 * std::numbers::pi));
   for (Eigen::Index r = 0; r < pre.rows(); ++r) {
@@ -154,7 +187,7 @@ void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const F
   const Eigen::Index tokens = x.rows(), hidden = w.matrices[kWeightUp].cols(),
                      width = w.matrices[kWeightDown].cols();
   const Scalar hidden_scale = static_cast<Scalar>(options.hidden_scale);
-  const bool gated = options.kind != FfnKind::gelu, bias = w.bias(kWeightUp).size() > 0;
+  const bool gated = ffn_gated(options.kind), bias = w.bias(kWeightUp).size() > 0;
   cache.hidden_pre.resize(tokens, hidden);  // (T, hidden) s x W_1
   cache.hidden.resize(tokens, hidden);      // gelu(s x W_1), or act(s x W_1) * (s x W_3)
   if (gated) {
@@ -167,7 +200,9 @@ void ffn_forward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const F
     multiply(x, w.matrices[kWeightUp].middleCols(units.begin, units.size), pre);
     if (bias) pre.rowwise() += w.bias(kWeightUp).segment(units.begin, units.size).transpose();
     if (options.hidden_scale != 1.0) pre *= hidden_scale;
-    if (!gated) return gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size));
+    if (!gated)
+      return gelu_forward_rows<Scalar>(pre, cache.hidden.middleCols(units.begin, units.size),
+                                       gelu_tanh_form(options.kind));
     auto gate = cache.gate_pre.middleCols(units.begin, units.size);
     multiply(x, w.matrices[kWeightGate].middleCols(units.begin, units.size), gate);
     if (bias) gate.rowwise() += w.bias(kWeightGate).segment(units.begin, units.size).transpose();
@@ -195,8 +230,8 @@ void ffn_hidden_backward(const FfnOptions& options, FfnCache<Scalar>& cache, Fea
   const auto pre = cache.hidden_pre.middleCols(units.begin, units.size);
   auto d_pre = cache.d_hidden_pre.middleCols(units.begin, units.size);
   const Scalar hidden_scale = static_cast<Scalar>(options.hidden_scale);
-  if (options.kind == FfnKind::gelu) {
-    gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, gelu_slope);
+  if (!ffn_gated(options.kind)) {
+    gelu_backward_rows<Scalar>(pre, d_hidden, d_pre, gelu_slope, gelu_tanh_form(options.kind));
   } else {  // d(a * g) = g a'(pre) d pre + a d gate
     const auto gate = cache.gate_pre.middleCols(units.begin, units.size);
     auto slope = cache.gate_slope.middleCols(units.begin, units.size);
@@ -243,7 +278,7 @@ void ffn_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const 
   const Eigen::Index tokens = x.rows(), hidden = w.matrices[kWeightUp].cols(), rows = d_out.rows(),
                      width = x.cols();
   const Eigen::Index probes = rows / tokens;
-  const bool gated = options.kind != FfnKind::gelu, bias = w.bias(kWeightUp).size() > 0;
+  const bool gated = ffn_gated(options.kind), bias = w.bias(kWeightUp).size() > 0;
   cache.d_hidden.resize(rows, hidden);
   cache.d_hidden_pre.resize(rows, hidden);
   if (gated) {
@@ -300,9 +335,9 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
     if (d_w->bias(kWeightUp).size() > 0) cache.d_hidden.rowwise() += d_w->bias(kWeightUp).transpose();
   }
   if (options.hidden_scale != 1.0) cache.d_hidden *= static_cast<Scalar>(options.hidden_scale);
-  if (options.kind == FfnKind::gelu) {
+  if (!ffn_gated(options.kind)) {
     cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
-    gelu_backward(cache.hidden_pre, cache.d_hidden, cache.d_hidden_pre);  // GELU's Jacobian is diagonal
+    gelu_backward(cache.hidden_pre, cache.d_hidden, cache.d_hidden_pre, gelu_tanh_form(options.kind));  // GELU's Jacobian is diagonal
   } else {  // d(a * g) = g a'(pre) d pre + a d gate, with d gate = s d_x W_3
     cache.gate_slope.resize(cache.hidden_pre.rows(), cache.hidden_pre.cols());
     gate_slope_rows<Scalar>(options.kind, cache.hidden_pre, cache.gate_pre, cache.gate_slope);
@@ -331,7 +366,7 @@ void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const
   gradients.resize(ffn_weight_count(options.kind));
   gradients.matrices[kWeightUp].resize(x.cols(), cache.d_hidden_pre.cols());
   gradients.matrices[kWeightDown].resize(cache.hidden.cols(), d_out.cols());
-  if (options.kind != FfnKind::gelu)
+  if (ffn_gated(options.kind))
     gradients.matrices[kWeightGate].resize(x.cols(), cache.d_gate_pre.cols());
   // One product per piece (piece = FfnWeight): x^T dL/d(x W_1), H^T dY, x^T dL/d(x W_3) (s applied
   // in both); with biases, db = 1^T of the same cotangent (s (x W + b) and H W_2 + b_2, summed
@@ -389,7 +424,7 @@ std::vector<WeightSpec> ffn_weights(const ModelConfig& config) {
   };
   std::vector<WeightSpec> specs = {spec("W_1", WeightMatrix::up, d, hidden),
                                    spec("W_2", WeightMatrix::down, hidden, d)};
-  if (block_ops(config).ffn != FfnKind::gelu) specs.push_back(spec("W_3", WeightMatrix::gate, d, hidden));
+  if (ffn_gated(block_ops(config).ffn)) specs.push_back(spec("W_3", WeightMatrix::gate, d, hidden));
   return specs;
 }
 
@@ -409,7 +444,9 @@ BranchOpRow ffn_op_row() {
                        const BlockOps& ops) { return kind == SublayerKind::ffn && ops.ffn_op == "ffn"; },
           .ffn_words = {{"gelu", FfnKind::gelu, "gelu (GELU MLP)"},
                         {"swiglu", FfnKind::swiglu, "swiglu (gated, SiLU; a third matrix W_3)"},
-                        {"geglu", FfnKind::geglu, "geglu (gated, GELU; a third matrix W_3)"}},
+                        {"geglu", FfnKind::geglu, "geglu (gated, GELU; a third matrix W_3)"},
+                        {"gelu_tanh", FfnKind::gelu_tanh, "gelu_tanh (GELU MLP, tanh approximation: GPT-2)"},
+                        {"geglu_tanh", FfnKind::geglu_tanh, "geglu_tanh (gated, tanh GELU: Gemma)"}},
           .weights = ffn_weights,
           .cost = ffn_cost,
           .make_float = [] { return std::unique_ptr<BranchOp<float>>(new FfnOp<float>); },
@@ -434,8 +471,8 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
 }
 
 #define GRADFLOW_INSTANTIATE_FFN(Scalar)                                                                     \
-  template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                      \
-  template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);                 \
+  template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&, bool);                                \
+  template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&, bool);          \
   template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,   \
                                     FfnCache<Scalar>&, Mat<Scalar>&, WorkPool*, bool);                       \
   template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,  \

@@ -39,7 +39,8 @@ def gpt2_by_name_flags_override_and_sources():
     assert sources["width"] == "--width" and sources["blocks"] == "--depth" and sources["seq"] == "--seq", sources
     assert sources["norm"] == "model_type gpt2" and sources["probes"] == "default", sources
     assert sources["head_dim"] == "derived (--width/--heads)", sources
-    assert "gelu_new is the tanh approximation" in stderr, stderr
+    assert config["ffn"] == "gelu_tanh" and sources["ffn"] == "config.json:activation_function", config
+    assert "tanh approximation" not in stderr, stderr
     assert "keys not used" not in stderr, stderr
 
 

@@ -150,7 +150,7 @@ def a_resumed_sweep_with_another_config_is_refused():
         shutil.copy(GPT2, copy)
         refused(run("sweep", "--config", copy, *first), "--config data/configs/gpt2.json", copy)
         refused(run("sweep", "--arch", "pre-ln", "--norm", "layer", "--init", "gpt2", "--norm-eps", "1e-05", "--bias",
-                    *first), "no --config")
+                    "--ffn", "gelu_tanh", *first), "no --config")
         assert snapshot(out) == before, "a refused resume changed the directory"
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -46,7 +46,7 @@ TEST_CASE("config.json gpt2: LayerNorm pre-ln GELU MLP of width 4d, biases, no r
   CHECK(r.model.width == 768);
   CHECK(r.model.blocks == 12);
   CHECK(r.model.heads == 12);
-  CHECK(r.model.ffn == "gelu");
+  CHECK(r.model.ffn == "gelu_tanh");  // activation_function gelu_new: GELU's tanh approximation
   CHECK(r.model.ffn_hidden() == 4 * 768);
   CHECK(r.model.norm == NormKind::layer);
   CHECK(r.model.norm_eps == 1e-5);
@@ -55,7 +55,8 @@ TEST_CASE("config.json gpt2: LayerNorm pre-ln GELU MLP of width 4d, biases, no r
   CHECK(r.model.init == InitKind::gpt2);
   CHECK(r.sources["width"] == "config.json:n_embd");
   CHECK(r.sources["ffn_hidden"] == "default of model_type gpt2 (4 d)");
-  CHECK(has_note(r.file, "gelu_new is the tanh approximation"));
+  CHECK(r.sources["ffn"] == "config.json:activation_function");
+  CHECK_FALSE(has_note(r.file, "tanh approximation"));  // computed as it is, not noted as a difference
   CHECK(std::count(r.file.unused.begin(), r.file.unused.end(), "n_ctx") == 1);
   CHECK(std::count(r.file.unused.begin(), r.file.unused.end(), "n_embd") == 0);
 }
@@ -112,14 +113,14 @@ TEST_CASE("config.json olmo-2-1b: the olmo2 placement, SwiGLU, 16 heads and KV h
   CHECK(!r.model.bias);
 }
 
-TEST_CASE("config.json gemma-2-2b: peri-ln GeGLU from hidden_activation, 4 KV heads, head_dim 256 noted") {
+TEST_CASE("config.json gemma-2-2b: peri-ln GeGLU (tanh GELU) from hidden_activation, 4 KV heads, head_dim 256 noted") {
   const Resolved r = resolve("gemma-2-2b");
   CHECK(r.file.placement == "peri-ln");
   CHECK(r.model.width == 2304);
   CHECK(r.model.blocks == 26);
   CHECK(r.model.heads == 8);
   CHECK(r.model.kv_head_count() == 4);
-  CHECK(r.model.ffn == "geglu");
+  CHECK(r.model.ffn == "geglu_tanh");  // gelu_pytorch_tanh
   CHECK(r.model.ffn_hidden() == 9216);
   CHECK(r.model.rope_theta == 10000.0);
   CHECK(r.sources["ffn"] == "config.json:hidden_activation");

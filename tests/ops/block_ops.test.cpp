@@ -83,16 +83,20 @@ std::vector<double> param_grad_squares_by_differences(
 }
 }  // namespace
 
-TEST_CASE("gated FFNs (SwiGLU, GeGLU) match central differences, backward and JVP") {
+TEST_CASE("gated FFNs (SwiGLU, GeGLU) and the tanh-GELU FFNs match central differences, backward and JVP") {
   const int d = 8, hidden = 12;
   const MatD x = random_matrix(4, d, 31);
-  for (const FfnKind kind : {FfnKind::swiglu, FfnKind::geglu}) {
+  for (const FfnKind kind : {FfnKind::swiglu, FfnKind::geglu, FfnKind::geglu_tanh, FfnKind::gelu_tanh}) {
     for (const bool bias : {false, true}) {
       for (const double hidden_scale : {1.0, 1.7}) {
         CAPTURE(to_string(kind));
         CAPTURE(bias);
         CAPTURE(hidden_scale);
-        const auto w = gated_ffn_weights(d, hidden, bias, 33);
+        auto w = gated_ffn_weights(d, hidden, bias, 33);
+        if (!ffn_gated(kind)) {
+          w.matrices[kWeightGate].resize(0, 0);
+          w.biases[kWeightGate].resize(0);
+        }
         const FfnOptions options{hidden_scale, kind};
         const auto forward = [&](const MatD& in) { return ffn_out(in, w, options); };
         const auto backward = [&](const MatD& in, const MatD& dy) {
@@ -160,10 +164,11 @@ TEST_CASE("parameter-gradient norms of the new ops, biases and W_3 included, mat
   const auto check_squares = [&](const ParamGradSquares& analytic, const std::vector<double>& numeric) {
     for (int k = 0; k < probes; ++k) CHECK(analytic[k] == doctest::Approx(numeric[k]).epsilon(1e-7));
   };
-  for (const FfnKind kind : {FfnKind::gelu, FfnKind::swiglu, FfnKind::geglu}) {
+  for (const FfnKind kind :
+       {FfnKind::gelu, FfnKind::swiglu, FfnKind::geglu, FfnKind::gelu_tanh, FfnKind::geglu_tanh}) {
     CAPTURE(to_string(kind));
     auto w = gated_ffn_weights(d, 16, true, 53);
-    if (kind == FfnKind::gelu) {
+    if (!ffn_gated(kind)) {
       w.matrices[kWeightGate].resize(0, 0);
       w.biases[kWeightGate].resize(0);
     }

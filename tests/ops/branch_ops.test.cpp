@@ -83,7 +83,8 @@ double probe_loss(const BranchOpRow& row, const MatD& x, const SublayerWeights<d
 }  // namespace
 
 TEST_CASE("the branch-op table: attention serves attention sublayers, the FFN every FFN kind") {
-  for (const FfnKind ffn : {FfnKind::gelu, FfnKind::swiglu, FfnKind::geglu}) {
+  for (const FfnKind ffn :
+       {FfnKind::gelu, FfnKind::swiglu, FfnKind::geglu, FfnKind::gelu_tanh, FfnKind::geglu_tanh}) {
     const BlockOps ops = block_ops(op_config(to_string(ffn), false));
     CHECK(branch_op(SublayerKind::attn, ops).name == "attention");
     CHECK(branch_op(SublayerKind::ffn, ops).name == "ffn");

@@ -8,19 +8,38 @@
 using namespace gradflow;
 using namespace gradflow::testing;
 
-TEST_CASE("gelu_backward matches central differences") {
+TEST_CASE("gelu_backward matches central differences, in the erf form and the tanh approximation") {
   const MatD x = random_matrix(4, 6, 11, 2.0);
-  const auto forward = [](const MatD& in) {
-    MatD y;
-    gelu_forward(in, y);
-    return y;
-  };
-  const auto backward = [](const MatD& in, const MatD& dy) {
-    MatD dx = MatD::Zero(dy.rows(), dy.cols());
-    gelu_backward(in, dy, dx);
-    return dx;
-  };
-  CHECK(backward_relative_error(x, forward, backward) <= kFiniteDifferenceTolerance);
+  for (const bool tanh_form : {false, true}) {
+    CAPTURE(tanh_form);
+    const auto forward = [&](const MatD& in) {
+      MatD y;
+      gelu_forward(in, y, tanh_form);
+      return y;
+    };
+    const auto backward = [&](const MatD& in, const MatD& dy) {
+      MatD dx = MatD::Zero(dy.rows(), dy.cols());
+      gelu_backward(in, dy, dx, tanh_form);
+      return dx;
+    };
+    CHECK(backward_relative_error(x, forward, backward) <= kFiniteDifferenceTolerance);
+  }
+}
+
+TEST_CASE("gelu's two forms give torch's values: F.gelu(x) and F.gelu(x, approximate='tanh')") {
+  MatD x(1, 5);
+  x << -3.0, -1.0, 0.5, 1.0, 2.5;
+  // torch 1.13, float64: torch.nn.functional.gelu(x) and gelu(x, approximate="tanh")
+  MatD erf_form(1, 5), tanh_form(1, 5);
+  erf_form << -0.00404969409489031, -0.15865525393145702, 0.34573123063700656, 0.841344746068543,
+      2.4844758366855597;
+  tanh_form << -0.0036373920817729943, -0.15880800939172324, 0.34571400982514394, 0.8411919906082768,
+      2.484915733910001;
+  MatD y;
+  gelu_forward(x, y, false);
+  CHECK((y - erf_form).cwiseAbs().maxCoeff() <= 1e-15);
+  gelu_forward(x, y, true);
+  CHECK((y - tanh_form).cwiseAbs().maxCoeff() <= 1e-15);
 }
 
 TEST_CASE("ffn_backward matches central differences, and its parameter gradient too") {

@@ -4,7 +4,7 @@
   /usr/bin/python3 tests/reference/compare.py --gradflow build/gradflow --arch keel [--depth 3 --width 16
         --heads 2 --seq 5 --block attn-ffn --norm rms --init xavier --alpha A --keel-variant v2
         --mix-ratio R --input-corr r --tol 1e-8 --keep DIR --wrong-variant keel-alpha-on-branch
-        --ffn gelu|swiglu|geglu|moe --ffn-hidden N --experts E --experts-active K --shared-expert-hidden N
+        --ffn gelu|swiglu|geglu|gelu_tanh|geglu_tanh|moe --ffn-hidden N --experts E --experts-active K --shared-expert-hidden N
         --router-gates renormalized|softmax --shared-expert-gate sigmoid|none
         --placement-option attnres-query=0.3 ...]
   ... --all [--strict] [--baselines DIR]   every placement `BIN archs --format json` lists
@@ -426,7 +426,7 @@ def build_parser():
     p.add_argument("--norm", default="rms", choices=["rms", "layer", "dyt"])
     p.add_argument("--init", default="xavier", help="xavier, gpt2, small or normal:STD")
     # issue 19's block ops (the reference reads them from the export and checks them against these)
-    p.add_argument("--ffn", choices=["gelu", "swiglu", "geglu", "moe"])
+    p.add_argument("--ffn", choices=["gelu", "swiglu", "geglu", "gelu_tanh", "geglu_tanh", "moe"])
     p.add_argument("--ffn-hidden", type=int)
     # --ffn moe's router (each forwarded to gradflow only when given; else gradflow's defaults)
     p.add_argument("--experts", type=int, help="--ffn moe: number of experts E (gradflow's default 8)")

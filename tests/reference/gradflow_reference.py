@@ -126,11 +126,15 @@ def ffn(x, W, hidden_scale=1.0, kind="gelu"):
     # --ffn moe (kind "moe", or weights with a router): moe_ffn below, the kind's own router settings.
     if kind == "moe" or "W_router" in W:
         return moe_ffn(x, W, kind if isinstance(kind, MoeKind) else MoeKind(), hidden_scale)
+    # gelu_tanh, geglu_tanh: GELU's tanh approximation, torch's own (F.gelu(approximate="tanh")).
     up = hidden_scale * linear(x, W, "1", True)
     if kind == "gelu":
         hidden = gelu(up)
+    elif kind == "gelu_tanh":
+        hidden = torch.nn.functional.gelu(up, approximate="tanh")
     else:
-        act = torch.nn.functional.silu if kind == "swiglu" else torch.nn.functional.gelu
+        act = {"swiglu": torch.nn.functional.silu, "geglu": torch.nn.functional.gelu,
+               "geglu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh")}[kind]
         hidden = act(up) * (hidden_scale * linear(x, W, "3", True))
     return linear(hidden, W, "2", True)
 
