@@ -184,9 +184,10 @@ void GraphExecutor<Scalar>::recompute(const SublayerGraph& graph, const std::vec
                                       const BranchContext<Scalar>& context,
                                       const KnownOutputs<Scalar>& known) {
   // The check fills after_branch_, which run_forward then follows; the scratch keeps the
-  // per-sublayer loop free of allocation.
+  // per-sublayer loop free of allocation. A learned norm affine needs N(x) before it, which the known
+  // outputs do not give: such a sublayer is recomputed in full.
   const bool skip = context.branch == BranchKind::model && known.values != nullptr &&
-                    known.norm_stats != nullptr &&
+                    known.norm_stats != nullptr && context.norm_gains == nullptr && context.norm_biases == nullptr &&
                     recompute_can_skip_branch_output(graph, after_branch_, consumers_);
   run_forward(graph, inputs, context, skip ? &known : nullptr);
 }
@@ -217,6 +218,8 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
     values_.resize(count);
     cotangents_.resize(count);
     norm_stats_.resize(count);
+    normed_.resize(count);
+    affine_.resize(count);
     reads_.resize(count);
     uniform_.resize(count);
     input_keys_.resize(count);
@@ -239,6 +242,7 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
             static_cast<std::size_t>(std::find(outputs.begin(), outputs.end(), id) - outputs.begin());
         out = (*known->values)[index];
         norm_stats_[id] = (*known->norm_stats)[index];
+        affine_[id] = 0;  // recompute() skips only when no norm has an affine
       }
       // Skipped values keep the shape the backward's buffers need: (T, d) like the input.
       if (out.rows() != a.rows() || out.cols() != a.cols()) out.resize(a.rows(), a.cols());
@@ -257,11 +261,20 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
         mix_fractions_forward(mix.fractions, mix.weights, a, out);
         break;
       }
-      case NodeOp::norm:
-        norm_forward(context.norm, 1, a, out, norm_stats_[id], context.ops.norm_eps);
-        if (context.norm_gains && (*context.norm_gains)[id].size() != 0)
-          out.array().rowwise() *= (*context.norm_gains)[id].array().row(0);  // y = gamma * N(x)
+      case NodeOp::norm: {
+        const Mat<Scalar>* gain = norm_gain(context, id);
+        const Mat<Scalar>* bias = norm_bias(context, id);
+        affine_[id] = gain != nullptr || bias != nullptr;
+        if (!affine_[id]) {
+          norm_forward(context.norm, 1, a, out, norm_stats_[id], context.ops.norm_eps);
+          break;
+        }
+        norm_forward(context.norm, 1, a, normed_[id], norm_stats_[id], context.ops.norm_eps);
+        out = normed_[id];  // y = gamma * N(x) + beta
+        if (gain != nullptr) out.array().rowwise() *= gain->array().row(0);
+        if (bias != nullptr) out.rowwise() += bias->row(0);
         break;
+      }
       case NodeOp::unit:
         unit_rows_forward(1, a, out, norm_stats_[id]);
         break;
@@ -369,9 +382,17 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
         mix_fractions_backward(mix.fractions, mix.weights, d_out, d_a);
         break;
       }
-      case NodeOp::norm:
-        norm_backward(context.norm, 1, values_[id], norm_stats_[id], d_out, d_a);
+      case NodeOp::norm: {  // dL/dN(x) = gamma * dL/dy
+        const Mat<Scalar>* gain = norm_gain(context, id);
+        if (gain == nullptr) {
+          norm_backward(context.norm, 1, normed(id), norm_stats_[id], d_out, d_a);
+          break;
+        }
+        scaled_cotangent_ = d_out;
+        scaled_cotangent_.array().rowwise() *= gain->array().row(0);
+        norm_backward(context.norm, 1, normed(id), norm_stats_[id], scaled_cotangent_, d_a);
         break;
+      }
       case NodeOp::unit:
         unit_rows_backward(1, values_[id], norm_stats_[id], d_out, d_a);
         break;
@@ -468,13 +489,15 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
         mix_fractions_forward(mix.fractions, mix.weights, d_a, d_out);
         break;
       }
-      case NodeOp::norm:  // symmetric Jacobians: the backward is the JVP
+      case NodeOp::norm: {  // symmetric Jacobians: the backward is the JVP
         d_out.setZero(rows, values_[id].cols());
-        norm_backward(context.norm, 1, values_[id], norm_stats_[id], d_a, d_out);
-        // y = gamma * N(x) at gamma = 1: dy = dgamma * N(x) + dN (product rule).
+        norm_backward(context.norm, 1, normed(id), norm_stats_[id], d_a, d_out);
+        // y = gamma * N(x) + beta: dy = gamma * dN + dgamma * N(x) (product rule).
+        if (const Mat<Scalar>* gain = norm_gain(context, id)) d_out.array().rowwise() *= gain->array().row(0);
         if (d_gains && (*d_gains)[id].size() != 0)
-          d_out.array() += values_[id].array().rowwise() * (*d_gains)[id].array().row(0);
+          d_out.array() += normed(id).array().rowwise() * (*d_gains)[id].array().row(0);
         break;
+      }
       case NodeOp::unit:
         d_out.setZero(rows, values_[id].cols());
         unit_rows_backward(1, values_[id], norm_stats_[id], d_a, d_out);
@@ -560,9 +583,25 @@ void GraphExecutor<Scalar>::norm_gain_gradients(const SublayerGraph& graph,
       gradients[id].resize(0, 0);
       continue;
     }
-    // y = gamma * N(x): dL/dgamma = sum over tokens of dL/dy * N(x), N(x) being y at gamma = 1.
-    gradients[id] = (cotangents_[id].array() * values_[id].array()).colwise().sum().matrix();
+    // y = gamma * N(x) + beta: dL/dgamma = sum over tokens of dL/dy * N(x).
+    gradients[id] = (cotangents_[id].array() * normed(id).array()).colwise().sum().matrix();
   }
+}
+
+template <typename Scalar>
+const Mat<Scalar>* GraphExecutor<Scalar>::norm_gain(const BranchContext<Scalar>& context, int id) {
+  const auto* gains = context.norm_gains;
+  return gains != nullptr && static_cast<std::size_t>(id) < gains->size() && (*gains)[id].size() != 0
+             ? &(*gains)[id]
+             : nullptr;
+}
+
+template <typename Scalar>
+const Mat<Scalar>* GraphExecutor<Scalar>::norm_bias(const BranchContext<Scalar>& context, int id) {
+  const auto* biases = context.norm_biases;
+  return biases != nullptr && static_cast<std::size_t>(id) < biases->size() && (*biases)[id].size() != 0
+             ? &(*biases)[id]
+             : nullptr;
 }
 
 template <typename Scalar>

@@ -153,9 +153,11 @@ struct BranchContext {
   const SublayerWeights<Scalar>* weights = nullptr;
   WorkPool* pool = nullptr;  // the branch's pieces run on the pool's threads when set
   BlockOps ops{};
-  // --update-params all: per value id, the gain gamma (1, d) of a norm node, y = gamma * N(x);
-  // unset or empty: gamma = 1. The forward pass only: backward and jvp are taken at gamma = 1.
+  // A norm node's learned affine, y = gamma * N(x) + beta, per value id ((1, d) each; unset or
+  // empty: gamma = 1, beta = 0): a trained model's norm weights (RMSNorm's weight, LayerNorm's weight
+  // and bias), or --update-params all's stepped gains. Forward, backward and JVP all take them.
   const std::vector<Mat<Scalar>>* norm_gains = nullptr;
+  const std::vector<Mat<Scalar>>* norm_biases = nullptr;
   // attend nodes: the earlier sources they read (and, in the backward, where their shares go).
   // The JVP holds the earlier states fixed (zero tangents) unless the history gives their tangents.
   DepthHistory<Scalar>* history = nullptr;
@@ -225,8 +227,8 @@ class GraphExecutor {
   // of the branch's matrices in full (--update). A model branch only.
   void weight_gradients(const SublayerGraph& graph, const BranchContext<Scalar>& context,
                         SublayerWeights<Scalar>& gradients) const;
-  // After a forward at gamma = 1 and a backward of one probe's cotangent (T rows): dL/dgamma of
-  // every norm node, per value id ((1, d); empty for other values).
+  // After a forward and a backward of one probe's cotangent (T rows): dL/dgamma of every norm node,
+  // per value id ((1, d); empty for other values), sum_t dL/dy * N(x).
   void norm_gain_gradients(const SublayerGraph& graph, std::vector<Mat<Scalar>>& gradients) const;
 
   const Mat<Scalar>& value(int id) const { return values_[id]; }
@@ -250,6 +252,17 @@ class GraphExecutor {
                     const BranchContext<Scalar>& context, ParamGradSquares* param_grads);
 
   std::vector<Mat<Scalar>> values_, cotangents_, norm_stats_;
+  // Norm nodes with a learned affine (BranchContext::norm_gains, norm_biases): N(x) before it,
+  // which their backward, JVP and gain gradient read, valid where affine_[id] is set; every other
+  // norm's values_ entry is N(x) itself. The buffers are kept across sublayers.
+  std::vector<Mat<Scalar>> normed_;
+  std::vector<char> affine_;
+  Mat<Scalar> scaled_cotangent_;  // gamma * dL/dy, a norm backward's scratch
+  // The learned gain and bias of norm node `id`, or null (gamma = 1, beta = 0).
+  static const Mat<Scalar>* norm_gain(const BranchContext<Scalar>& context, int id);
+  static const Mat<Scalar>* norm_bias(const BranchContext<Scalar>& context, int id);
+  // N(x) of norm node `id`.
+  const Mat<Scalar>& normed(int id) const { return affine_[id] ? normed_[id] : values_[id]; }
   std::vector<char> after_branch_;  // per value id: depends on the branch output (recompute)
   std::vector<int> consumers_;      // recompute's scratch: uses of each value
   bool skipped_branch_output_ = false;
