@@ -163,6 +163,14 @@ CheckpointFiles::CheckpointFiles(const std::string& directory) : directory_(dire
                       directory));
     listing = single_path;
     files_.push_back(std::make_unique<SafetensorsFile>(single_path));
+  } else if (is_file((std::filesystem::path(directory) / "pytorch_model.bin").string()) ||
+             is_file((std::filesystem::path(directory) / "pytorch_model.bin.index.json").string())) {
+    // A pickle runs code when it is loaded; gradflow reads tensors only from safetensors.
+    throw InputError(fmt::format(
+        "--checkpoint {}: holds pytorch_model.bin (a Python pickle, which gradflow does not load) and no "
+        "safetensors; convert it once with transformers: AutoModelForCausalLM.from_pretrained(DIR)"
+        ".save_pretrained(OUT, safe_serialization=True)",
+        directory));
   } else {
     throw InputError(
         fmt::format("--checkpoint {}: holds neither model.safetensors nor model.safetensors.index.json "

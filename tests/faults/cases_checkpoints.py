@@ -408,7 +408,9 @@ def checkpoint_defects(files, args):
         complete = complete and weight_map is not None
     else:
         weight_files = []
-        if within:
+        if "pytorch_model.bin" in within or "pytorch_model.bin.index.json" in within:
+            defects.add(("only a pickle checkpoint", ck))
+        elif within:
             defects.add(("no model.safetensors nor index", ck))
         complete = False
     for file in weight_files:
@@ -943,6 +945,17 @@ add("archs: config.json but no safetensors", NO_WEIGHTS, says(r"\bck\b", "safete
     expect={("no model.safetensors nor index", "ck")},
     example="gradflow: error: ck: no model.safetensors nor model.safetensors.index.json",
     culprits=["ck:", "safetensors nor model.safetensors"])
+# A checkpoint saved as pytorch_model.bin only (a pickle; some Pythia revisions): refused by name,
+# saying how to convert it, never loaded.
+PICKLE_ONLY = {**NO_WEIGHTS, "ck/pytorch_model.bin": "PK\x03\x04 a pickle in a zip\n"}
+PICKLE_INDEX = {**NO_WEIGHTS, "ck/pytorch_model.bin.index.json": '{"weight_map": {}}\n'}
+for label, files in (("pytorch_model.bin only", PICKLE_ONLY), ("pytorch_model.bin index only", PICKLE_INDEX)):
+    for prefix, args in (("", ANALYZE), ("archs: ", ARCHS)):
+        add(prefix + label, files, says(r"\bck\b", "pytorch_model.bin", "pickle", "safe_serialization"),
+            args=args, expect={("only a pickle checkpoint", "ck")},
+            example="gradflow: error: --checkpoint ck: holds pytorch_model.bin (a pickle); convert it with "
+                    "save_pretrained(OUT, safe_serialization=True)",
+            culprits=["ck:", "pytorch_model.bin", "pickle", "safe_serialization"])
 
 # ---- the tokens file -----------------------------------------------------------------------------------
 
