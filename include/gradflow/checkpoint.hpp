@@ -12,6 +12,7 @@
 
 #include "gradflow/analysis.hpp"
 #include "gradflow/config.hpp"
+#include "gradflow/ops.hpp"
 
 namespace gradflow {
 
@@ -20,9 +21,6 @@ enum class HfFamily { llama, mistral, qwen2, olmo2, gpt2, gemma2 };
 // The MLP's activation (transformers/activations.py): silu; gelu (erf); gelu_tanh (gelu_new,
 // gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))).
 enum class HfActivation { silu, gelu, gelu_tanh };
-// How rotary frequencies are rescaled (transformers/modeling_rope_utils.py): none ("default"),
-// linear (positions / factor), llama3 (_compute_llama3_parameters, Llama 3.1+).
-enum class RopeScaling { none, linear, llama3 };
 std::string_view to_string(HfFamily value);
 std::string_view to_string(LossKind value);
 LossKind parse_loss_kind(std::string_view name);
@@ -65,6 +63,10 @@ struct HfModelSpec {
   std::string tensor_prefix;        // GPT-2 checkpoints: "" (the hub's gpt2) or "transformer."
 
   int sublayers() const { return 2 * layers; }
+  // The rotary frequencies' rescaling as the rotary op takes it (ops.hpp, RopeFrequencies).
+  RopeFrequencies rope_frequencies() const {
+    return {rope_scaling, rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions};
+  }
   int q_width() const { return heads * head_dim; }
   int kv_width() const { return kv_heads * head_dim; }
 };

@@ -77,6 +77,21 @@ void silu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx)
 // half-split layout of GPT-NeoX and HF's rotate_half: within each head's first `rotary_dims`
 // dims, the pair (i, i + rotary_dims/2) of the token at position p is rotated by the angle
 // p theta^(-2i/rotary_dims). The remaining dims of a head pass through (partial rotary).
+// Rotary frequencies rescaled for contexts longer than the training's (transformers/
+// modeling_rope_utils.py): linear divides every frequency by `factor`
+// (_compute_linear_scaling_rope_parameters); llama3 (_compute_llama3_parameters, Llama 3.1 and
+// later) keeps the frequencies whose wavelength is below original_max_positions / high_freq_factor,
+// divides those above original_max_positions / low_freq_factor by `factor`, and between the two
+// interpolates by s = (original_max_positions / wavelength - low) / (high - low).
+enum class RopeScaling { none, linear, llama3 };
+struct RopeFrequencies {
+  RopeScaling scaling = RopeScaling::none;
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int original_max_positions = 8192;
+};
+// Pair i's frequency theta^(-2i/rotary_dims), rescaled as `scaling` says.
+double rotary_frequency(int pair, int rotary_dims, double theta, const RopeFrequencies& scaling);
+
 template <typename Scalar>
 struct RotaryTable {
   Mat<Scalar> cos, sin;  // (T, rotary_dims / 2)
@@ -84,7 +99,8 @@ struct RotaryTable {
 };
 // The table for positions first_position .. first_position + tokens - 1 (angles in double).
 template <typename Scalar>
-void rotary_table(int tokens, int rotary_dims, double theta, int first_position, RotaryTable<Scalar>& table);
+void rotary_table(int tokens, int rotary_dims, double theta, int first_position, RotaryTable<Scalar>& table,
+                  const RopeFrequencies& scaling = {});
 // Rotates x (rows K*T, `heads` heads) in place; row r is at position r % T. inverse = true
 // rotates by minus the angle: the transpose, i.e. the backward (and the JVP is the forward).
 template <typename Scalar>
@@ -197,6 +213,7 @@ struct AttentionOptions {
   double norm_eps = kNormEps;
   double rope_theta = 0.0;  // 0: no rotary embedding
   int rotary_dims = 0;      // dims rotated per head (even)
+  RopeFrequencies rope_scaling{};
   int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
 };
 template <typename Scalar>

@@ -355,24 +355,8 @@ Rotary<Scalar> rotary_tables(const HfModelSpec& spec, int tokens) {
   if (spec.rope_theta <= 0) return rotary;
   const int half = spec.rotary_dims / 2;
   std::vector<double> inv_freq(half);
-  for (int i = 0; i < half; ++i) {
-    double f = 1.0 / std::pow(spec.rope_theta, 2.0 * i / spec.rotary_dims);
-    if (spec.rope_scaling == RopeScaling::linear) f /= spec.rope_factor;
-    if (spec.rope_scaling == RopeScaling::llama3) {
-      const double old_context = spec.rope_original_max_positions;
-      const double low_wavelen = old_context / spec.rope_low_freq_factor;
-      const double high_wavelen = old_context / spec.rope_high_freq_factor;
-      const double wavelen = 2 * std::numbers::pi / f;
-      if (wavelen > low_wavelen) {
-        f /= spec.rope_factor;
-      } else if (wavelen >= high_wavelen) {  // between: smooth interpolation
-        const double smooth = (old_context / wavelen - spec.rope_low_freq_factor) /
-                              (spec.rope_high_freq_factor - spec.rope_low_freq_factor);
-        f = (1 - smooth) * f / spec.rope_factor + smooth * f;
-      }
-    }
-    inv_freq[i] = f;
-  }
+  for (int i = 0; i < half; ++i)
+    inv_freq[i] = rotary_frequency(i, spec.rotary_dims, spec.rope_theta, spec.rope_frequencies());
   rotary.cos.resize(tokens, half);
   rotary.sin.resize(tokens, half);
   for (int t = 0; t < tokens; ++t) {

@@ -56,7 +56,8 @@ template <typename Scalar>
 void rotate_queries_and_keys(const AttentionOptions& options, Eigen::Index tokens,
                              AttentionCache<Scalar>& cache) {
   if (options.rotary_dims == 0) return;
-  rotary_table(static_cast<int>(tokens), options.rotary_dims, options.rope_theta, 0, cache.rotary);
+  rotary_table(static_cast<int>(tokens), options.rotary_dims, options.rope_theta, 0, cache.rotary,
+               options.rope_scaling);
   cache.q_unrotated = cache.q;
   cache.k_unrotated = cache.k;
   rotary_apply(cache.rotary, options.heads, false, cache.q);
@@ -449,6 +450,7 @@ AttentionOptions attention_options(const BranchSettings& settings, Eigen::Index 
   options.norm_eps = settings.ops.norm_eps;
   options.rope_theta = settings.ops.rope_theta;
   options.rotary_dims = settings.ops.rotary_dims;
+  options.rope_scaling = settings.ops.rope_scaling;
   return options;
 }
 

@@ -1,20 +1,40 @@
 // Rotary position embeddings (RoFormer) and the SiLU activation of SwiGLU, forward and backward.
 #include <cmath>
+#include <numbers>
 
 #include "gradflow/ops.hpp"
 
 namespace gradflow {
 
-// theta_i = theta^(-2i/rotary_dims), i < rotary_dims/2 (Su et al. 2021, arXiv 2104.09864, Eq. 15);
-// the token at position p turns pair i by p theta_i. Angles and their cosines are taken in double.
+// theta_i = theta^(-2i/rotary_dims), i < rotary_dims/2 (Su et al. 2021, arXiv 2104.09864, Eq. 15),
+// rescaled by transformers' modeling_rope_utils.py (commit-independent formulas, ops.hpp).
+double rotary_frequency(int pair, int rotary_dims, double theta, const RopeFrequencies& scaling) {
+  double frequency = std::pow(theta, -2.0 * pair / rotary_dims);
+  if (scaling.scaling == RopeScaling::linear) frequency /= scaling.factor;
+  if (scaling.scaling == RopeScaling::llama3) {
+    const double context = scaling.original_max_positions;
+    const double wavelength = 2 * std::numbers::pi / frequency;
+    if (wavelength > context / scaling.low_freq_factor) {
+      frequency /= scaling.factor;
+    } else if (wavelength >= context / scaling.high_freq_factor) {
+      const double smooth = (context / wavelength - scaling.low_freq_factor) /
+                            (scaling.high_freq_factor - scaling.low_freq_factor);
+      frequency = (1 - smooth) * frequency / scaling.factor + smooth * frequency;
+    }
+  }
+  return frequency;
+}
+
+// The token at position p turns pair i by p theta_i. Angles and their cosines are taken in double.
 template <typename Scalar>
-void rotary_table(int tokens, int rotary_dims, double theta, int first_position, RotaryTable<Scalar>& table) {
+void rotary_table(int tokens, int rotary_dims, double theta, int first_position, RotaryTable<Scalar>& table,
+                  const RopeFrequencies& scaling) {
   const int pairs = rotary_dims / 2;
   table.rotary_dims = rotary_dims;
   table.cos.resize(tokens, pairs);
   table.sin.resize(tokens, pairs);
   for (int i = 0; i < pairs; ++i) {
-    const double frequency = std::pow(theta, -2.0 * i / rotary_dims);
+    const double frequency = rotary_frequency(i, rotary_dims, theta, scaling);
     for (int t = 0; t < tokens; ++t) {
       const double angle = static_cast<double>(first_position + t) * frequency;
       table.cos(t, i) = static_cast<Scalar>(std::cos(angle));
@@ -61,7 +81,7 @@ void silu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx)
 }
 
 #define GRADFLOW_INSTANTIATE_ROTARY(Scalar)                                                \
-  template void rotary_table<Scalar>(int, int, double, int, RotaryTable<Scalar>&);         \
+  template void rotary_table<Scalar>(int, int, double, int, RotaryTable<Scalar>&, const RopeFrequencies&);       \
   template void rotary_apply<Scalar>(const RotaryTable<Scalar>&, int, bool, Mat<Scalar>&); \
   template void silu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                    \
   template void silu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);
