@@ -309,7 +309,8 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     cache.head_squares.reset(heads, probes);
     cache.projection_squares.reset(projections.count(), probes);
   }
-  const bool bias = w.bias(kWeightQ).size() > 0;
+  // Each projection's bias counts where it has one (a trained Qwen2 has them on q, k and v only).
+  const bool output_bias = w.bias(kWeightO).size() > 0;
   cache.d_input.resize(rows, width);
   for_each_piece(pool, dx_pieces + square_pieces, [&](int piece) {
     if (piece < dx_pieces) {
@@ -326,8 +327,9 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     if (h < heads) return head_output_squares(cache, scratch, h, h * head_dim, head_dim, probes);
     const auto [m, block] = projections.locate(h - heads);
     const Mat<Scalar>& d_raw = *d_raws[m];
-    projection_squares(d_raw, feature_block(d_raw.cols(), block), bias, tokens, cache.shared_grams[0],
-                       scratch.gram, cache.projection_squares.parts[h - heads]);
+    const bool bias = w.bias(static_cast<std::size_t>(kWeightQ + m)).size() > 0;  // m: q, k, v
+    projection_squares(d_raw, feature_block(d_raw.cols(), block), bias, tokens, cache.shared_grams[0], scratch.gram,
+                       cache.projection_squares.parts[h - heads]);
   });
   if (output_dots) cache.output_dots.sum_into(*output_dots);
   if (!param_grads) return;
@@ -338,7 +340,7 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
   for (Eigen::Index k = 0; k < probes; ++k) {
     (*param_grads)[k] = heads_sum[k] + projections_sum[k];
     // b_o: ||db_o||^2 = ||sum over tokens of d_out||^2
-    if (bias)
+    if (output_bias)
       (*param_grads)[k] +=
           d_out.middleRows(k * tokens, tokens).template cast<double>().colwise().sum().squaredNorm();
   }
