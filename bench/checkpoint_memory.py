@@ -4,9 +4,14 @@
 this script itself stays small), 64 token ids, the LM loss; gradflow must stay under 1.5 GB of
 peak RSS because it reads, converts and drops the weights sublayer by sublayer.
 
-Usage: bench/checkpoint_memory.py GRADFLOW [--dir DIR] [--keep] [--precision f32|f64] [--tokens 64]
-Prints one JSON line: wall seconds, peak RSS in MB (from wait4's ru_maxrss), the file size.
+Usage: bench/checkpoint_memory.py GRADFLOW [GRADFLOW ...] [--dir DIR] [--keep] [--precision f32|f64]
+                                  [--tokens 64] [--threads N] [--rounds R]
+Prints one JSON line per run: wall seconds, peak RSS in MB (from wait4's ru_maxrss), the file size.
+Several binaries (e.g. today's main and a change) run side by side, interleaved for R rounds on the
+same checkpoint, and a last line gives each binary's median wall time and its ratio to the first's
+(issue 47, acceptance 3: compare in one run, as the machine's speed drifts).
 """
+import statistics
 import argparse
 import json
 import os
@@ -72,14 +77,39 @@ def write_checkpoint(directory, config):
         out.write(" ".join(str(int(t)) for t in rng.integers(0, config["vocab_size"], TOKENS)))
 
 
+def measure(binary, directory, args):
+    """One run of `binary` on the checkpoint: its wall time, peak RSS and a few figures."""
+    out = os.path.join(directory, "out.json")
+    command = [binary, "analyze", "--checkpoint", directory, "--tokens", os.path.join(directory, "tokens.txt"),
+               "--precision", args.precision, "-q", "--format", "json", "-o", out]
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    start = time.time()
+    process = subprocess.Popen(command)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.time() - start
+    code = os.waitstatus_to_exitcode(status)
+    with open(out) as handle:
+        doc = json.load(handle)
+    os.remove(out)
+    seed = doc["runs"][0]["seeds"][0]
+    return {"binary": binary, "exit": code, "wall_seconds": round(wall, 2),
+            "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+            "file_gb": round(os.path.getsize(os.path.join(directory, "model.safetensors")) / 1e9, 3),
+            "precision": args.precision, "tokens": TOKENS, "threads": doc.get("threads"),
+            "loss": seed["checkpoint"]["loss"], "log10_grad_0": seed["states"]["log10_grad"][0]}
+
+
 def main():
     global TOKENS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("gradflow")
+    parser.add_argument("gradflow", nargs="+")
     parser.add_argument("--dir")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--precision", default="f32")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, help="--threads for every binary (default: gradflow's, all cores)")
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     TOKENS = args.tokens
     with open(CONFIG) as handle:
@@ -91,21 +121,18 @@ def main():
             start = time.time()
             write_checkpoint(directory, config)
             print(f"wrote {directory} in {time.time() - start:.0f} s", file=sys.stderr)
-        command = [args.gradflow, "analyze", "--checkpoint", directory, "--tokens",
-                   os.path.join(directory, "tokens.txt"), "--precision", args.precision, "-q", "--format", "json",
-                   "-o", os.path.join(directory, "out.json")]
-        start = time.time()
-        process = subprocess.Popen(command)
-        _, status, usage = os.wait4(process.pid, 0)
-        wall = time.time() - start
-        code = os.waitstatus_to_exitcode(status)
-        with open(os.path.join(directory, "out.json")) as handle:
-            doc = json.load(handle)
-        seed = doc["runs"][0]["seeds"][0]
-        print(json.dumps({"exit": code, "wall_seconds": round(wall, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
-                          "file_gb": round(os.path.getsize(os.path.join(directory, "model.safetensors")) / 1e9, 3),
-                          "precision": args.precision, "tokens": TOKENS,
-                          "loss": seed["checkpoint"]["loss"], "log10_grad_0": seed["states"]["log10_grad"][0]}))
+        walls = {binary: [] for binary in args.gradflow}
+        code = 0
+        for _ in range(args.rounds):
+            for binary in args.gradflow:
+                result = measure(binary, directory, args)
+                print(json.dumps(result), flush=True)
+                walls[binary].append(result["wall_seconds"])
+                code = code or result["exit"]
+        first = statistics.median(walls[args.gradflow[0]])
+        print(json.dumps({binary: {"median_wall_seconds": statistics.median(w),
+                                   "ratio_to_first": round(statistics.median(w) / first, 3)}
+                          for binary, w in walls.items()}))
         return code
     finally:
         if not args.keep and not args.dir:

@@ -65,7 +65,8 @@ struct HfModelSpec {
   int sublayers() const { return 2 * layers; }
   // The rotary frequencies' rescaling as the rotary op takes it (ops.hpp, RopeFrequencies).
   RopeFrequencies rope_frequencies() const {
-    return {rope_scaling, rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions};
+    return {rope_scaling, rope_factor, rope_low_freq_factor, rope_high_freq_factor,
+            rope_original_max_positions};
   }
   int q_width() const { return heads * head_dim; }
   int kv_width() const { return kv_heads * head_dim; }
@@ -106,7 +107,16 @@ struct CheckpointRun {
   std::vector<std::int64_t> tokens;
   bool random_tokens = false;
   LossKind loss = LossKind::lm;
+  // The family's placement (family_placement, resolved by the caller): the sublayers then run
+  // through its graph and gradflow's ops on `threads` threads where the ops have every convention
+  // of the family (checkpoint_graph_gap); else through the checkpoint decoder, on one thread.
+  const Architecture* arch = nullptr;
+  int threads = 1;
 };
+
+// Empty when a checkpoint of this spec runs through the placement graph and the ops at T tokens
+// (issue 47); else the first convention of its family the ops do not have yet.
+std::string checkpoint_graph_gap(const HfModelSpec& spec, int tokens);
 
 // Analyses the model on one sequence: forward (states x_0..x_S stored, weights read layer by
 // layer), the backward from the loss (weights read again), every per-state and per-sublayer

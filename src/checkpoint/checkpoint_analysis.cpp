@@ -12,7 +12,9 @@
 #include <numbers>
 
 #include "../science/summary.hpp"
+#include "../science/update.hpp"
 #include "decoder.hpp"
+#include "sublayer_path.hpp"
 #include "gradflow/checkpoint.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/representation.hpp"
@@ -22,12 +24,9 @@ namespace gradflow {
 
 namespace {
 
-using checkpoint::SublayerCache;
-using checkpoint::SublayerGradients;
-using checkpoint::SublayerParams;
+using checkpoint::SublayerPath;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kAdamEpsilon = 1e-8;  // metrics.md: Adam's first step -eta g / (|g| + 1e-8)
 
 template <typename Scalar>
 double squared(const Mat<Scalar>& m) {
@@ -49,14 +48,12 @@ Mat<Scalar> probe_matrix(const CheckpointRun& run) {
   return probe;
 }
 
-// The matrices of a sublayer by matrix kind (kMatrixKinds: w_q w_k w_v w_o w_1 w_2 w_3); the MLP's
-// gate is w_1 (the activated one, as in analyze's gated FFN), up w_3 (w_1 when ungated), down w_2.
+// The run's way through each sublayer: the placement graph and the ops where they cover the family.
 template <typename Scalar>
-std::array<Mat<Scalar>*, kMatrixKindCount> matrices_by_kind(const HfModelSpec& spec, Mat<Scalar>& q, Mat<Scalar>& k,
-                                                            Mat<Scalar>& v, Mat<Scalar>& o, Mat<Scalar>& gate,
-                                                            Mat<Scalar>& up, Mat<Scalar>& down) {
-  if (spec.gated) return {&q, &k, &v, &o, &gate, &down, &up};
-  return {&q, &k, &v, &o, &up, &down, nullptr};
+std::unique_ptr<SublayerPath<Scalar>> sublayer_path(const CheckpointRun& run, const TensorStore& tensors) {
+  if (run.arch != nullptr && checkpoint::graph_path_gap(run.spec, static_cast<int>(run.tokens.size())).empty())
+    return checkpoint::make_graph_sublayers<Scalar>(run.spec, run.config, *run.arch, tensors, run.threads);
+  return checkpoint::make_decoder_sublayers<Scalar>(run.spec, tensors, static_cast<int>(run.tokens.size()));
 }
 
 template <typename Scalar>
@@ -71,7 +68,7 @@ class CheckpointAnalysis {
         figures_(figures),
         progress_(progress),
         sublayers_(spec_.sublayers()),
-        rotary_(checkpoint::rotary_tables<Scalar>(spec_, static_cast<int>(run.tokens.size()))),
+        path_(sublayer_path<Scalar>(run, tensors)),
         probe_(probe_matrix<Scalar>(run)) {}
 
   void run() {
@@ -110,18 +107,17 @@ class CheckpointAnalysis {
     rms[0] = stream_rms[0] = std::sqrt(squared(states_[0]) / count);
     updates_.resize(sublayers_);
     for (int l = 0; l < sublayers_; ++l) {
-      checkpoint::load_sublayer(spec_, tensors_, l, params_);
-      checkpoint::sublayer_forward(spec_, rotary_, params_, states_[l], cache_, states_[l + 1]);
+      path_->load(l);
+      path_->forward(states_[l], states_[l + 1], updates_[l]);
       if (!finite(states_[l + 1])) {
         result_.diverged = Divergence{l, "forward", "a non-finite value in the residual stream"};
         throw InputError(fmt::format("the checkpoint's forward pass overflows at sublayer {} (layer {}'s {}): "
                                      "try --precision f64",
                                      l, l / 2, l % 2 == 0 ? "attention" : "MLP"));
       }
-      updates_[l] = cache_.update;
       rms[l + 1] = stream_rms[l + 1] = std::sqrt(squared(states_[l + 1]) / count);
-      branch_rms[l] = std::sqrt(squared(cache_.update) / count);
-      stream_share[l] = std::sqrt(squared(cache_.update) / squared(states_[l + 1]));
+      branch_rms[l] = std::sqrt(squared(updates_[l]) / count);
+      stream_share[l] = std::sqrt(squared(updates_[l]) / squared(states_[l + 1]));
       tick();
     }
     Mat<Scalar> d_top;
@@ -171,13 +167,11 @@ class CheckpointAnalysis {
     auto& param_grad = result_.sublayers.at(Figure::log10_param_grad);
     std::vector<double> norms(sublayers_ + 1), contribution(sublayers_);
     norms[sublayers_] = std::sqrt(squared(gradients_[sublayers_]));
-    SublayerGradients<Scalar> grads;
-    Mat<Scalar> scratch, d_branch;
+    Mat<Scalar> scratch, update, d_branch;
     for (int l = sublayers_ - 1; l >= 0; --l) {
-      checkpoint::load_sublayer(spec_, tensors_, l, params_);
-      checkpoint::sublayer_forward(spec_, rotary_, params_, states_[l], cache_, scratch);
-      checkpoint::sublayer_backward(spec_, rotary_, params_, cache_, gradients_[l + 1], gradients_[l], &d_branch,
-                                    &grads, false);
+      path_->load(l);
+      path_->forward(states_[l], scratch, update);
+      const double param_squares = path_->backward(gradients_[l + 1], gradients_[l], d_branch);
       if (!finite(gradients_[l])) {
         result_.diverged = Divergence{l, "backward", "a non-finite value in the gradient"};
         throw InputError(fmt::format("the checkpoint's backward pass overflows at sublayer {}: try --precision f64", l));
@@ -186,7 +180,7 @@ class CheckpointAnalysis {
       gain[l] = norms[l] / norms[l + 1];
       skip_gain[l] = 1.0;
       branch_gain[l] = std::sqrt(squared(d_branch)) / norms[l + 1];
-      param_grad[l] = 0.5 * std::log10(grads.squared_norm);
+      param_grad[l] = 0.5 * std::log10(param_squares);
       contribution[l] = (gradients_[l + 1].template cast<double>().array() *
                          updates_[l].template cast<double>().array()).sum();
       tick();
@@ -224,42 +218,38 @@ class CheckpointAnalysis {
     // NaN where a learning rate's stepped stream had diverged (metrics.md: its later figures are null)
     std::vector<std::vector<double>> update_loss(rates, std::vector<double>(sublayers_, kNaN));
     std::vector<bool> alive(rates, true);
-    SublayerGradients<Scalar> grads;
-    SublayerParams<Scalar> moved;
-    SublayerCache<Scalar> moved_cache;
-    Mat<Scalar> scratch, d_in;
+    Mat<Scalar> scratch, update;
+    std::array<Mat<Scalar>, kMatrixKindCount> deltas;
     for (int i = 0; i < rates; ++i) {
       steps[i].learning_rate = run_.config.learning_rates[i];
       record_moved(i, 0, stepped[i]);
     }
     for (int l = 0; l < sublayers_; ++l) {
-      checkpoint::load_sublayer(spec_, tensors_, l, params_);
-      checkpoint::sublayer_forward(spec_, rotary_, params_, states_[l], cache_, scratch);
-      checkpoint::sublayer_backward<Scalar>(spec_, rotary_, params_, cache_, gradients_[l + 1], d_in, nullptr, &grads, true);
-      const auto weights = matrices_by_kind(spec_, params_.w_q, params_.w_k, params_.w_v, params_.w_o,
-                                            params_.w_gate, params_.w_up, params_.w_down);
-      const auto gradient = matrices_by_kind(spec_, grads.w_q, grads.w_k, grads.w_v, grads.w_o, grads.w_gate,
-                                             grads.w_up, grads.w_down);
+      path_->load(l);
+      path_->forward(states_[l], scratch, update);
+      path_->matrix_gradients(gradients_[l + 1]);
+      const auto weights = path_->matrices();
+      const auto gradient = path_->gradients();
       for (int i = 0; i < rates; ++i) {
         if (!alive[i]) continue;
-        moved = params_;
-        const auto targets = matrices_by_kind(spec_, moved.w_q, moved.w_k, moved.w_v, moved.w_o, moved.w_gate,
-                                              moved.w_up, moved.w_down);
+        std::array<const Mat<Scalar>*, kMatrixKindCount> step{};
         const Scalar eta = static_cast<Scalar>(steps[i].learning_rate);
         update_loss[i][l] = 0.0;
         for (int m = 0; m < kMatrixKindCount; ++m) {
           if (!weights[m] || weights[m]->size() == 0) continue;
           const Mat<Scalar>& g = *gradient[m];
-          const Mat<Scalar> delta =
-              run_.config.update == UpdateRule::adam
-                  ? Mat<Scalar>(-eta * g.array() / (g.array().abs() + static_cast<Scalar>(kAdamEpsilon)))
-                  : Mat<Scalar>(-eta * g);
+          Mat<Scalar>& delta = deltas[m];
+          if (run_.config.update == UpdateRule::adam) {
+            delta = (-eta * g.array() / (g.array().abs() + static_cast<Scalar>(kAdamEpsilon))).matrix();
+          } else {
+            delta = -eta * g;
+          }
           update_loss[i][l] += (g.template cast<double>().array() * delta.template cast<double>().array()).sum();
           step_squares[i][m] += squared(delta);
           weight_squares[i][m] += squared(*weights[m]);
-          *targets[m] += delta;
+          step[m] = &delta;
         }
-        checkpoint::sublayer_forward(spec_, rotary_, moved, stepped[i], moved_cache, scratch);
+        path_->stepped_forward(step, stepped[i], scratch);
         stepped[i] = scratch;
         if (!record_moved(i, l + 1, stepped[i])) {
           alive[i] = false;
@@ -312,13 +302,11 @@ class CheckpointAnalysis {
   CheckpointFigures& figures_;
   const ProgressCallback& progress_;
   const int sublayers_;
-  const checkpoint::Rotary<Scalar> rotary_;
+  const std::unique_ptr<SublayerPath<Scalar>> path_;
   const Mat<Scalar> probe_;
   long long done_ = 0;
   std::vector<Mat<Scalar>> states_, gradients_, updates_;
   Mat<Scalar> output_;  // y = final_norm(x_S)
-  SublayerParams<Scalar> params_;
-  SublayerCache<Scalar> cache_;
 };
 
 SeedResult empty_result(const CheckpointRun& run) {
@@ -341,6 +329,10 @@ SeedResult empty_result(const CheckpointRun& run) {
 
 }  // namespace
 
+std::string checkpoint_graph_gap(const HfModelSpec& spec, int tokens) {
+  return checkpoint::graph_path_gap(spec, tokens);
+}
+
 SeedResult analyze_checkpoint(const CheckpointRun& run, const TensorStore& tensors, const ProgressCallback& progress) {
   SeedResult result = empty_result(run);
   CheckpointFigures& figures = result.checkpoint.emplace();
@@ -358,23 +350,22 @@ SeedResult analyze_checkpoint(const CheckpointRun& run, const TensorStore& tenso
 InputGradient checkpoint_loss_and_input_gradient(const CheckpointRun& run, const TensorStore& tensors,
                                                  const Eigen::MatrixXd* x0) {
   const HfModelSpec& spec = run.spec;
-  const auto rotary = checkpoint::rotary_tables<double>(spec, static_cast<int>(run.tokens.size()));
+  const auto path = sublayer_path<double>(run, tensors);
   std::vector<Mat<double>> states(spec.sublayers() + 1);
   states[0] = x0 ? Mat<double>(*x0) : checkpoint::embed<double>(spec, tensors, run.tokens);
-  SublayerParams<double> params;
-  SublayerCache<double> cache;
+  Mat<double> update;
   for (int l = 0; l < spec.sublayers(); ++l) {
-    checkpoint::load_sublayer(spec, tensors, l, params);
-    checkpoint::sublayer_forward(spec, rotary, params, states[l], cache, states[l + 1]);
+    path->load(l);
+    path->forward(states[l], states[l + 1], update);
   }
   const Mat<double> probe = probe_matrix<double>(run);
-  Mat<double> gradient, scratch, below;
+  Mat<double> gradient, scratch, below, d_branch;
   InputGradient out;
   out.loss = checkpoint::head_loss<double>(spec, tensors, run.loss, probe, run.tokens, states.back(), &gradient, nullptr);
   for (int l = spec.sublayers() - 1; l >= 0; --l) {
-    checkpoint::load_sublayer(spec, tensors, l, params);
-    checkpoint::sublayer_forward(spec, rotary, params, states[l], cache, scratch);
-    checkpoint::sublayer_backward<double>(spec, rotary, params, cache, gradient, below, nullptr, nullptr, false);
+    path->load(l);
+    path->forward(states[l], scratch, update);
+    path->backward(gradient, below, d_branch);
     gradient = std::move(below);
   }
   out.gradient = gradient;

@@ -255,7 +255,6 @@ constexpr RefusedFlag kCheckpointRefuses[] = {
     {"--exact-jacobian", "it is not computed for a checkpoint"},
     {"--seeds", "a checkpoint has one set of weights (--seed draws random tokens or the probe)"},
     {"--export-weights", "the weights are the checkpoint's own files"},
-    {"--threads", "a checkpoint run uses one thread"},
     {"--verbose", "it lists config.json keys for --config only"}};
 
 bool given(const AnalyzeOptions& options, const char* flag) {
@@ -307,6 +306,7 @@ int run_checkpoint(const AnalyzeOptions& options) {
   command.no_timing = options.no_timing;
   command.seq = options.model.model.seq;
   command.seed = options.seed;
+  command.threads = checked_threads(options);
   command.model = resolve_model(options.model);
   return run_analyze_checkpoint(command, [&](const AnalysisReport& report, AtomicOutput& output) {
     write_report(report, format, options, output);

@@ -79,6 +79,9 @@ int run_analyze_checkpoint(const CheckpointCommand& command,
                                 spec.layers, spec.hidden, tokens.size()),
                     fix);
   const auto archs = parse_architecture_list(run.config.arch);
+  run.arch = archs.front();
+  const std::string gap = checkpoint_graph_gap(spec, static_cast<int>(tokens.size()));
+  run.threads = gap.empty() ? command.threads : 1;
   if (random && !command.quiet)
     fmt::print(
         stderr,
@@ -96,7 +99,7 @@ int run_analyze_checkpoint(const CheckpointCommand& command,
   progress.finish();
 
   AnalysisReport report;
-  report.threads = 1;
+  report.threads = run.threads;
   report.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.timing = !command.no_timing;
   report.checkpoint = checkpoint_to_json(checkpoint_contents(files));

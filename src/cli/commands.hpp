@@ -33,6 +33,7 @@ struct CheckpointCommand {
   bool quiet = false, no_timing = false;
   int seq = 64;
   std::uint64_t seed = 0;
+  int threads = 1;    // the ops' threads (families on the graph path; checkpoint_graph_gap)
   ModelConfig model;  // precision, --update and its learning rates
 };
 // Reads, checks and analyses the checkpoint; `write` writes the report to the output opened

@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 
+#include "gradflow/app/placements.hpp"
 #include "gradflow/checkpoint.hpp"
 #include "gradflow/errors.hpp"
 
@@ -80,12 +81,21 @@ std::vector<std::pair<std::string, json>> family_configs() {
           {"gemma2", gemma},                 {"gpt2", gpt2}};
 }
 
+// The family's placement as analyze resolves it: the sublayers run through its graph and the ops
+// where checkpoint_graph_gap is empty, else through the decoder.
 CheckpointRun make_run(const json& config, LossKind loss) {
   CheckpointRun run;
   run.spec = read_hf_model_spec(config, "config.json");
   run.tokens = {3, 17, 0, 22, 9, 9, 4};
   run.loss = loss;
   run.config = model_config_of(run.spec, static_cast<int>(run.tokens.size()), Precision::f64, 5);
+  run.arch = &find_architecture(family_placement(run.spec.family));
+  return run;
+}
+
+// The same run through the decoder's own maths (no placement given).
+CheckpointRun on_decoder(CheckpointRun run) {
+  run.arch = nullptr;
   return run;
 }
 
@@ -160,9 +170,11 @@ TEST_CASE("the layer-by-layer analysis reports the standalone pass's loss and gr
 }
 
 TEST_CASE("--update on a checkpoint: the first-order change of the loss predicts the measured one") {
-  const CheckpointRun base = make_run(shared_config("llama"), LossKind::lm);
-  const MemoryStore store(base.spec);
-  for (const UpdateRule rule : {UpdateRule::sgd, UpdateRule::adam}) {
+  const CheckpointRun graph = make_run(shared_config("llama"), LossKind::lm);
+  const MemoryStore store(graph.spec);
+  for (const auto& [rule, base] : {std::pair{UpdateRule::sgd, graph}, std::pair{UpdateRule::adam, graph},
+                                   std::pair{UpdateRule::adam, on_decoder(graph)}}) {
+    CAPTURE(base.arch != nullptr);
     CheckpointRun run = base;
     run.config.update = rule;
     run.config.learning_rates = {1e-7, 1e-6};
@@ -221,6 +233,55 @@ TEST_CASE("config.json: unsupported families and rope scalings are refused namin
   CHECK(gemma.sliding_window == std::vector<int>{3, 0, 3});  // Gemma2Config: even layers slide
   CHECK(gemma.tied);
   CHECK(gemma.embedding_scale == doctest::Approx(4.0));
+}
+
+TEST_CASE("which families run through the placement graph and the ops (issue 47), and why the others do not") {
+  const int tokens = 7;
+  std::map<std::string, std::string> gaps;
+  for (const auto& [name, config] : family_configs())
+    gaps[name] = checkpoint_graph_gap(read_hf_model_spec(config, "config.json"), tokens);
+  CHECK(gaps["llama"].empty());
+  CHECK(gaps["llama+biases+llama3 rope+tied"].empty());
+  CHECK(gaps["gpt2"].empty());
+  CHECK(gaps["qwen2"].empty());  // biases on q, k and v, none on o
+  CHECK(gaps["olmo2"] == "q/k norms with learned gains");
+  CHECK(gaps["gemma2"] == "head_dim 256 other than hidden_size / heads");
+  json window = shared_config("mistral");
+  window["sliding_window"] = 7;  // as long as the sequence: masks nothing
+  CHECK(checkpoint_graph_gap(read_hf_model_spec(window, "config.json"), tokens).empty());
+  window["sliding_window"] = 6;
+  CHECK(checkpoint_graph_gap(read_hf_model_spec(window, "config.json"), tokens) ==
+        "a sliding window of 6 tokens");
+}
+
+TEST_CASE("the graph path and the decoder agree on every figure, and the graph path's threads change no bit") {
+  for (const auto& [name, config] : family_configs()) {
+    const CheckpointRun run = make_run(config, LossKind::lm);
+    if (!checkpoint_graph_gap(run.spec, static_cast<int>(run.tokens.size())).empty()) continue;
+    CAPTURE(name);
+    const MemoryStore store(run.spec);
+    const SeedResult graph = analyze_checkpoint(run, store);
+    const SeedResult decoder = analyze_checkpoint(on_decoder(run), store);
+    CHECK(graph.checkpoint->loss == doctest::Approx(decoder.checkpoint->loss).epsilon(1e-13));
+    for (const Figure figure : {Figure::rms, Figure::log10_grad, Figure::erank, Figure::token_cos}) {
+      const auto& a = graph.states.at(figure);
+      const auto& b = decoder.states.at(figure);
+      for (std::size_t l = 0; l < a.size(); ++l) CHECK(a[l] == doctest::Approx(b[l]).epsilon(1e-12));
+    }
+    for (const Figure figure : {Figure::gain, Figure::branch_gain, Figure::stream_share, Figure::output_share}) {
+      const auto& a = graph.sublayers.at(figure);
+      const auto& b = decoder.sublayers.at(figure);
+      for (std::size_t l = 0; l < a.size(); ++l) CHECK(a[l] == doctest::Approx(b[l]).epsilon(1e-11));
+    }
+    for (const int threads : {2, 3, 7}) {
+      CheckpointRun threaded = run;
+      threaded.threads = threads;
+      const SeedResult again = analyze_checkpoint(threaded, store);
+      CHECK(again.checkpoint->loss == graph.checkpoint->loss);
+      CHECK(again.states.at(Figure::log10_grad) == graph.states.at(Figure::log10_grad));
+      CHECK(again.sublayers.at(Figure::log10_param_grad) == graph.sublayers.at(Figure::log10_param_grad));
+    }
+  }
 }
 
 }  // namespace gradflow

@@ -197,7 +197,7 @@ def buffers_of_other_dtypes_are_skipped_not_refused():
 
 @test
 def flags_that_shape_the_model_are_refused():
-    for extra in (["--width", "64"], ["--arch", "keel"], ["--config", "gpt2"], ["--seeds", "2"], ["--threads", "2"],
+    for extra in (["--width", "64"], ["--arch", "keel"], ["--config", "gpt2"], ["--seeds", "2"],
                   ["--probes", "4"], ["--verbose"],
                   ["--angles", "all"], ["--alpha", "2"], ["--update-params", "all", "--update", "adam"]):
         _, err = run("analyze", "--checkpoint", LLAMA, "--tokens", TOKENS, "-q", "-o", os.path.join(WORK, "x.json"),
@@ -206,6 +206,17 @@ def flags_that_shape_the_model_are_refused():
         assert not os.path.exists(os.path.join(WORK, "x.json"))
     _, err = run("analyze", "--tokens", TOKENS, "-q", code=2)
     assert "--checkpoint" in err, err
+
+
+@test
+def threads_split_the_ops_of_a_llama_checkpoint():
+    # Issue 47: a Llama checkpoint runs through the placement graph and the ops, on --threads threads
+    # (the figures the same bits; tests/cli/test_thread_counts.py compares every count).
+    path = os.path.join(WORK, "threads.json")
+    run("analyze", "--checkpoint", LLAMA, "--tokens", TOKENS, "-q", "--threads", "2", "-o", path)
+    with open(path) as file:
+        document = json.load(file)
+    assert document["threads"] == 2, document.get("threads")
 
 
 finish()

@@ -132,6 +132,34 @@ def keel_at_depth_256(extra):
     case(shlex.join(args), run)
 
 
+def checkpoint_run(label, directory_of, extra):
+    """Issue 47: a trained checkpoint through the placement graph and the ops splits them over threads
+    as an init run does. directory_of() makes or names the checkpoint directory (it holds tokens.txt)."""
+    def run():
+        with tempfile.TemporaryDirectory() as directory:
+            checkpoint = directory_of(directory)
+            args = ["--checkpoint", checkpoint, "--tokens", os.path.join(checkpoint, "tokens.txt"), *extra]
+            assert_same_for_every_thread_count(args, directory, has_figures(args, runs=1))
+            # the run did use the threads (families the ops cover; docs/checkpoints.md)
+            with open(os.path.join(directory, f"threads-{THREAD_COUNTS[-1]}.json")) as file:
+                assert json.load(file)["runs"][0]["config"]["checkpoint"], "no checkpoint block"
+    case(f"--checkpoint {label} {shlex.join(extra)}", run)
+
+
+def trained_llama(_):
+    return os.path.join(os.path.dirname(__file__), "..", "..", "data", "checkpoints", "tiny-llama-trained")
+
+
+def random_gpt2(directory):
+    """A tiny GPT-2 (LayerNorm with biases, tanh GELU, position embeddings), BF16, from the reference's maker."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
+    from make_checkpoints import make_checkpoint, write_tokens
+    path = os.path.join(directory, "gpt2")
+    make_checkpoint(path, "gpt2", dtype="BF16", seed=3)
+    write_tokens(os.path.join(path, "tokens.txt"), count=16)
+    return path
+
+
 start = time.monotonic()
 for precision, update in VARIANTS:
     all_placements_together(["--precision", precision, *update])
@@ -144,5 +172,8 @@ for precision, update in VARIANTS:
 MOE = ["--ffn", "moe", "--experts", "6", "--experts-active", "2", "--shared-expert-hidden", "32", "--bias"]
 for precision, update in VARIANTS:
     all_placements_together(["--precision", precision, *update, *MOE])
+for precision, update in VARIANTS:
+    checkpoint_run("data/checkpoints/tiny-llama-trained", trained_llama, ["--precision", precision, *update])
+checkpoint_run("gpt2 (BF16)", random_gpt2, ["--precision", "f32", *UPDATE])
 print(f"{time.monotonic() - start:.1f} s in all")
 finish()
