@@ -187,7 +187,8 @@ void GraphExecutor<Scalar>::recompute(const SublayerGraph& graph, const std::vec
   // per-sublayer loop free of allocation. A learned norm affine needs N(x) before it, which the known
   // outputs do not give: such a sublayer is recomputed in full.
   const bool skip = context.branch == BranchKind::model && known.values != nullptr &&
-                    known.norm_stats != nullptr && context.norm_gains == nullptr && context.norm_biases == nullptr &&
+                    known.norm_stats != nullptr && context.norm_gains == nullptr &&
+                    context.norm_biases == nullptr &&
                     recompute_can_skip_branch_output(graph, after_branch_, consumers_);
   run_forward(graph, inputs, context, skip ? &known : nullptr);
 }

@@ -328,8 +328,8 @@ void attention_backward(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w,
     const auto [m, block] = projections.locate(h - heads);
     const Mat<Scalar>& d_raw = *d_raws[m];
     const bool bias = w.bias(static_cast<std::size_t>(kWeightQ + m)).size() > 0;  // m: q, k, v
-    projection_squares(d_raw, feature_block(d_raw.cols(), block), bias, tokens, cache.shared_grams[0], scratch.gram,
-                       cache.projection_squares.parts[h - heads]);
+    projection_squares(d_raw, feature_block(d_raw.cols(), block), bias, tokens, cache.shared_grams[0],
+                       scratch.gram, cache.projection_squares.parts[h - heads]);
   });
   if (output_dots) cache.output_dots.sum_into(*output_dots);
   if (!param_grads) return;

@@ -40,12 +40,13 @@ void gelu_slope_row(const In& in, bool tanh_form, Eigen::Array<Scalar, 1, Eigen:
   if (tanh_form) {
     const Scalar scale = static_cast<Scalar>(kGeluTanhScale), cubic = static_cast<Scalar>(kGeluTanhCubic);
     slope = (scale * (in + cubic * in.cube())).tanh();
-    slope = Scalar(0.5) * (Scalar(1) + slope) +
-            Scalar(0.5) * in * (Scalar(1) - slope.square()) * scale * (Scalar(1) + Scalar(3) * cubic * in.square());
+    slope = Scalar(0.5) * (Scalar(1) + slope) + Scalar(0.5) * in * (Scalar(1) - slope.square()) * scale *
+                                                    (Scalar(1) + Scalar(3) * cubic * in.square());
   } else {
     const Scalar inv_sqrt2 = static_cast<Scalar>(1.0 / std::numbers::sqrt2);
     const Scalar inv_sqrt_2pi = static_cast<Scalar>(1.0 / std::sqrt(2.0 * std::numbers::pi));
-    slope = Scalar(0.5) * (Scalar(1) + (in * inv_sqrt2).erf()) + in * inv_sqrt_2pi * (Scalar(-0.5) * in.square()).exp();
+    slope = Scalar(0.5) * (Scalar(1) + (in * inv_sqrt2).erf()) +
+            in * inv_sqrt_2pi * (Scalar(-0.5) * in.square()).exp();
   }
 }
 
@@ -337,7 +338,8 @@ void ffn_jvp(const Mat<Scalar>& x, const SublayerWeights<Scalar>& w, const FfnOp
   if (options.hidden_scale != 1.0) cache.d_hidden *= static_cast<Scalar>(options.hidden_scale);
   if (!ffn_gated(options.kind)) {
     cache.d_hidden_pre.setZero(cache.d_hidden.rows(), cache.d_hidden.cols());
-    gelu_backward(cache.hidden_pre, cache.d_hidden, cache.d_hidden_pre, gelu_tanh_form(options.kind));  // GELU's Jacobian is diagonal
+    gelu_backward(cache.hidden_pre, cache.d_hidden, cache.d_hidden_pre,
+                  gelu_tanh_form(options.kind));  // GELU's Jacobian is diagonal
   } else {  // d(a * g) = g a'(pre) d pre + a d gate, with d gate = s d_x W_3
     cache.gate_slope.resize(cache.hidden_pre.rows(), cache.hidden_pre.cols());
     gate_slope_rows<Scalar>(options.kind, cache.hidden_pre, cache.gate_pre, cache.gate_slope);
@@ -366,8 +368,7 @@ void ffn_weight_gradients(const Mat<Scalar>& x, const FfnOptions& options, const
   gradients.resize(ffn_weight_count(options.kind));
   gradients.matrices[kWeightUp].resize(x.cols(), cache.d_hidden_pre.cols());
   gradients.matrices[kWeightDown].resize(cache.hidden.cols(), d_out.cols());
-  if (ffn_gated(options.kind))
-    gradients.matrices[kWeightGate].resize(x.cols(), cache.d_gate_pre.cols());
+  if (ffn_gated(options.kind)) gradients.matrices[kWeightGate].resize(x.cols(), cache.d_gate_pre.cols());
   // One product per piece (piece = FfnWeight): x^T dL/d(x W_1), H^T dY, x^T dL/d(x W_3) (s applied
   // in both); with biases, db = 1^T of the same cotangent (s (x W + b) and H W_2 + b_2, summed
   // over tokens).
@@ -472,7 +473,7 @@ void rotation_backward(const Mat<Scalar>& d_out, Mat<Scalar>& dx) {
 
 #define GRADFLOW_INSTANTIATE_FFN(Scalar)                                                                     \
   template void gelu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&, bool);                                \
-  template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&, bool);          \
+  template void gelu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&, bool);           \
   template void ffn_forward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,   \
                                     FfnCache<Scalar>&, Mat<Scalar>&, WorkPool*, bool);                       \
   template void ffn_backward<Scalar>(const Mat<Scalar>&, const SublayerWeights<Scalar>&, const FfnOptions&,  \

@@ -80,10 +80,10 @@ void silu_backward(const Mat<Scalar>& x, const Mat<Scalar>& dy, Mat<Scalar>& dx)
   }
 }
 
-#define GRADFLOW_INSTANTIATE_ROTARY(Scalar)                                                \
-  template void rotary_table<Scalar>(int, int, double, int, RotaryTable<Scalar>&, const RopeFrequencies&);       \
-  template void rotary_apply<Scalar>(const RotaryTable<Scalar>&, int, bool, Mat<Scalar>&); \
-  template void silu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                    \
+#define GRADFLOW_INSTANTIATE_ROTARY(Scalar)                                                                \
+  template void rotary_table<Scalar>(int, int, double, int, RotaryTable<Scalar>&, const RopeFrequencies&); \
+  template void rotary_apply<Scalar>(const RotaryTable<Scalar>&, int, bool, Mat<Scalar>&);                 \
+  template void silu_forward<Scalar>(const Mat<Scalar>&, Mat<Scalar>&);                                    \
   template void silu_backward<Scalar>(const Mat<Scalar>&, const Mat<Scalar>&, Mat<Scalar>&);
 GRADFLOW_INSTANTIATE_ROTARY(float)
 GRADFLOW_INSTANTIATE_ROTARY(double)
