@@ -77,12 +77,20 @@ def write_checkpoint(directory, config):
         out.write(" ".join(str(int(t)) for t in rng.integers(0, config["vocab_size"], TOKENS)))
 
 
+def accepts_threads(binary, directory):
+    """Whether `binary` takes --threads with --checkpoint (builds before issue 47 refuse it: one thread)."""
+    # --seq 0 is refused too, so neither build does any work here
+    probe = subprocess.run([binary, "analyze", "--checkpoint", directory, "--threads", "1", "--seq", "0", "-q"],
+                           capture_output=True, text=True)
+    return "--threads does not apply" not in probe.stderr
+
+
 def measure(binary, directory, args):
     """One run of `binary` on the checkpoint: its wall time, peak RSS and a few figures."""
     out = os.path.join(directory, "out.json")
     command = [binary, "analyze", "--checkpoint", directory, "--tokens", os.path.join(directory, "tokens.txt"),
                "--precision", args.precision, "-q", "--format", "json", "-o", out]
-    if args.threads:
+    if args.threads and accepts_threads(binary, directory):
         command += ["--threads", str(args.threads)]
     start = time.time()
     process = subprocess.Popen(command)
