@@ -211,10 +211,11 @@ class Fakes:
 
 
 def submit(submitter, gradflow, args, fakes, timeout=60, **env):
+    """Runs the submitter in the case's directory (where -o '' would land) with the fakes on PATH."""
     command = [sys.executable, submitter, "--gradflow", gradflow, *args]
     try:
         done = subprocess.run(command, capture_output=True, text=True, errors="replace", env=fakes.env(**env),
-                              timeout=timeout)
+                              timeout=timeout, cwd=os.path.dirname(fakes.dir))
         return done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired:
         return None, "", f"(timed out after {timeout} s)"
