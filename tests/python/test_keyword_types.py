@@ -26,6 +26,13 @@ SWEEP_SMALL = dict(arch="keel", depth=[2], width=16, heads=2, seq=4)
 SUBCOMMANDS = ("analyze", "sweep")
 
 
+@pytest.fixture(autouse=True)
+def in_a_temporary_directory(tmp_path, monkeypatch):
+    """Every case runs in its own directory: a value taken as a file name (or a module that does
+    not refuse what it should) writes there, not where pytest was started."""
+    monkeypatch.chdir(tmp_path)
+
+
 def options_of(subcommand, *kinds):
     """(keyword, option) of `subcommand`'s options of the given kinds, those Python refuses left out."""
     refused = set(gradflow._OWN) | ({"plan"} if subcommand == "sweep" else set())
