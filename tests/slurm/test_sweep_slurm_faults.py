@@ -12,7 +12,8 @@ made deterministic (the fake sbatch fails at the Nth call).
      not vacuous);
   3. the merge job's submission failing after the array's succeeded: the array is cancelled
      (scancel), one line says so, exit 3; it was recorded in DIR/slurm/jobs.json before the merge
-     job was submitted; the same when a resubmitted array's merge job fails;
+     job was submitted; the same when a resubmitted array's merge job fails; when scancel fails
+     too, the line says the array could not be cancelled and how to cancel it;
   4. sbatch, squeue or scancel missing from PATH: exit 3, one line, no traceback.
 
 Usage: test_sweep_slurm_faults.py GRADFLOW [--submitter PATH]. --submitter runs the table against
@@ -33,6 +34,7 @@ failures = []
 
 # The fakes. Each logs "NAME ARGS" to $FAKE_SLURM/calls.log. sbatch prints job ids 1001, 1002, ...
 # and fails at call $FAKE_SBATCH_FAIL_AT; before each call it logs what DIR/slurm/jobs.json holds.
+# With $FAKE_SQUEUE_LIVE squeue reports every job running; with $FAKE_SCANCEL_FAIL scancel fails.
 FAKES = {
     "sbatch": r"""#!/bin/bash
 n=$(( $(cat "$FAKE_SLURM/sbatch.count" 2>/dev/null || echo 0) + 1 ))
@@ -49,9 +51,16 @@ echo "$((1000 + n))"
 """,
     "squeue": """#!/bin/bash
 echo "squeue $*" >> "$FAKE_SLURM/calls.log"
+if [ -n "${FAKE_SQUEUE_LIVE:-}" ]; then
+  echo "N/A|RUNNING|None"
+fi
 """,
     "scancel": """#!/bin/bash
 echo "scancel $*" >> "$FAKE_SLURM/calls.log"
+if [ -n "${FAKE_SCANCEL_FAIL:-}" ]; then
+  echo "scancel: error: Kill job error on job id $1: Access/permission denied" >&2
+  exit 1
+fi
 """,
     "scontrol": """#!/bin/bash
 echo "scontrol $*" >> "$FAKE_SLURM/calls.log"
@@ -86,10 +95,11 @@ def check(condition, what):
         failures.append(what)
 
 
-def case(name, args, needle, setup=None, keeps_tree=True, gradflow=None):
+def case(name, args, needle, setup=None, keeps_tree=True, gradflow=None, env=None):
     """args: the submitter's words ({w} is the case's directory); needle: what the line must name;
-    setup(w): files the case needs; keeps_tree: the directory must be left as it was."""
-    return dict(name=name, args=args, needle=needle, setup=setup, keeps_tree=keeps_tree, gradflow=gradflow)
+    setup(w): files the case needs; keeps_tree: the directory must be left as it was; env: for the fakes."""
+    return dict(name=name, args=args, needle=needle, setup=setup, keeps_tree=keeps_tree, gradflow=gradflow,
+                env=env or {})
 
 
 def make_file(relative, content="x"):
@@ -158,8 +168,10 @@ def cases():
 
 
 def tree(directory):
-    return sorted(os.path.relpath(os.path.join(top, name), directory)
-                  for top, dirs, files in os.walk(directory) for name in dirs + files)
+    """Every path under `directory` but the fakes' own (their log of calls)."""
+    return sorted(path for path in (os.path.relpath(os.path.join(top, name), directory)
+                                    for top, dirs, files in os.walk(directory) for name in dirs + files)
+                  if path.split(os.sep)[0] != "fake-slurm")
 
 
 class Fakes:
@@ -234,7 +246,7 @@ def run_table(submitter, gradflow, work):
         args = [word.replace("{w}", w) for word in entry["args"]]
         if entry["gradflow"]:
             args = ["--gradflow", os.path.join(fakes.dir, f"gradflow-{entry['gradflow']}"), *args]
-        code, _, stderr = submit(submitter, gradflow, args, fakes)
+        code, _, stderr = submit(submitter, gradflow, args, fakes, **entry["env"])
         lines = stderr.splitlines()
         needle = entry["needle"].replace("{w}", w)
         problems = []
@@ -299,6 +311,26 @@ def scenarios(submitter, gradflow, work):
         check(len(records) == 2 and '"1001"' in records[1],
               f"{mode}: the array is recorded in jobs.json before the merge job is submitted ({records})")
         check(stdout.strip() == "", f"{mode}: no job ids on stdout for a failed submission ({stdout.strip()!r})")
+
+    # The array cannot be cancelled either (scancel fails): the line says so and how to cancel it,
+    # and the record still holds it.
+    w = os.path.join(work, "merge-fails-scancel-fails")
+    fakes = Fakes(w)
+    jobs = f"{w}/out/slurm/jobs.json"
+    code, stdout, stderr = submit(submitter, gradflow, ["-o", f"{w}/out", "--no-wait", *SWEEP], fakes,
+                                  FAKE_SBATCH_FAIL_AT="2", FAKE_SCANCEL_FAIL="1")
+    lines = [line for line in stderr.splitlines() if "error" in line]
+    try:
+        with open(jobs) as file:
+            recorded = json.load(file)
+    except (OSError, ValueError):
+        recorded = None
+    check(code == 3 and len(lines) == 1 and "could not be cancelled" in lines[0] and "Access/permission denied" in
+          lines[0] and "scancel 1001" in lines[0] and "Traceback" not in stderr and stdout.strip() == "",
+          f"a failed merge submission whose array cannot be cancelled says so, with the scancel to run ({code}: "
+          f"{lines})")
+    check(recorded == {"array": "1001", "merge": None}, f"the array that could not be cancelled stays recorded "
+          f"({recorded})")
 
     # The same for a resubmission: the first array's task ends CANCELLED, the retry's array is
     # submitted and its merge job's sbatch fails: the new array is cancelled, and said so.
