@@ -115,7 +115,16 @@ def make_dir(relative):
     return lambda w: os.makedirs(os.path.join(w, relative))
 
 
-def cases():
+def make_result(gradflow, *words, files=()):
+    """A document gradflow writes (`gradflow WORDS`, {w} the case's directory), and `files` beside it."""
+    def setup(w):
+        subprocess.run([gradflow, *[word.replace("{w}", w) for word in words]], check=True, capture_output=True)
+        for relative, content in files:
+            make_file(relative, content)(w)
+    return setup
+
+
+def cases(gradflow):
     out = ["-o", "{w}/out"]
     table = []
     # Numbers: each numeric option with every kind of value it must refuse.
@@ -160,6 +169,22 @@ def cases():
                       setup=make_dir("d/slurm/task.sh"), keeps_tree=False))
     table.append(case("-o whose slurm/status/task-0.exit is a directory", ["-o", "{w}/d", "--tasks", "1", *SWEEP],
                       "task-0.exit", setup=make_dir("d/slurm/status/task-0.exit"), keeps_tree=False))
+    # --check and --tolerances: read as the merge job's gradflow check will read them.
+    sweep_baseline = ["sweep", "--arch", "keel", "--depth", "2", "--width", "16", "--heads", "2", "--seq", "4",
+                      "-o", "{w}/base", "-q"]
+    check = [*out, "--check", "{w}/base.json", *SWEEP]
+    table.append(case("--check a truncated baseline", check, "{w}/base.json",
+                      setup=make_file("base.json", '{"command": "sweep", "cells": [')))
+    table.append(case("--check a baseline that is not JSON", check, "{w}/base.json", setup=make_file("base.json", "x")))
+    table.append(case("--check a baseline gradflow did not write", check, "{w}/base.json",
+                      setup=make_file("base.json", '{"command": "sweep", "cells": []}')))
+    table.append(case("--check an analyze document", [*out, "--check", "{w}/a.json", *SWEEP], "{w}/a.json",
+                      setup=make_result(gradflow, "analyze", "--arch", "keel", "--depth", "2", "--width", "16",
+                                        "--heads", "2", "--seq", "4", "-o", "{w}/a.json", "-q")))
+    for content in ('{"log_space": "x"}', "[", '{"figures": {"gain": -1}}', '{"nonsense": 1}'):
+        table.append(case(f"--tolerances {content!r}",
+                          [*out, "--check", "{w}/base/summary.json", "--tolerances", "{w}/t.json", *SWEEP],
+                          "{w}/t.json", setup=make_result(gradflow, *sweep_baseline, files=[("t.json", content)])))
     # --gradflow: a directory, or something that does not print a plan.
     table.append(case("--gradflow a directory", [*out, "--gradflow", "{w}", *SWEEP], "--gradflow"))
     for name in NOT_GRADFLOW:
@@ -234,7 +259,7 @@ def submit(submitter, gradflow, args, fakes, timeout=60, **env):
 
 
 def run_table(submitter, gradflow, work):
-    table = cases()
+    table = cases(gradflow)
     failed = 0
     for number, entry in enumerate(table):
         w = os.path.join(work, f"case-{number}")
