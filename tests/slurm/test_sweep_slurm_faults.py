@@ -147,7 +147,9 @@ def cases(gradflow):
         table.append(case(f"--mem {value!r}", [*out, f"--mem={value}", *SWEEP], "--mem"))
     # --sbatch-arg: an option of sbatch, never one the submitter sets itself.
     for value in ("constraint=avx512", "--array=0-3", "-a0-3", "--dependency=afterok:1", "-d", "--parsable",
-                  "--output=x.out", "--wrap=true"):
+                  "--output=x.out", "--wrap=true",
+                  # sbatch takes a long option's unique prefix for it
+                  "--arr=0-3", "--depend=afterok:1", "--out=x.out", "--wr=true", "--pars"):
         table.append(case(f"--sbatch-arg {value!r}", [*out, f"--sbatch-arg={value}", *SWEEP], "--sbatch-arg"))
     # The submitter's own usage errors: one line, not argparse's usage block.
     table.append(case("no -o", SWEEP, "-o"))
