@@ -187,6 +187,10 @@ def cases(gradflow):
         table.append(case(f"--tolerances {content!r}",
                           [*out, "--check", "{w}/base/summary.json", "--tolerances", "{w}/t.json", *SWEEP],
                           "{w}/t.json", setup=make_result(gradflow, *sweep_baseline, files=[("t.json", content)])))
+    # A rerun while the earlier submission into DIR is still queued: refused, DIR left as it was.
+    table.append(case("a rerun while the earlier jobs are queued", ["-o", "{w}/d", *SWEEP], "still queued",
+                      setup=make_file("d/slurm/jobs.json", '{"array": "77", "merge": "78"}'),
+                      env={"FAKE_SQUEUE_LIVE": "1"}))
     # --gradflow: a directory, or something that does not print a plan.
     table.append(case("--gradflow a directory", [*out, "--gradflow", "{w}", *SWEEP], "--gradflow"))
     for name in NOT_GRADFLOW:
