@@ -21,7 +21,6 @@ import functools
 import io
 import json
 import os
-import re
 import sys
 
 from . import _gradflow
@@ -51,61 +50,44 @@ def _flag(key):
 
 
 class _Option:
-    """What a subcommand's option takes, as its --help states it: `kind` is 'flag', 'int' (CLI11's
-    INT and UINT), 'number' (FLOAT) or 'text' (anything else); `several` when it takes a list: a
-    CLI11 list option (' ...' after its type: one occurrence per value) or one whose description
-    says 'comma-separated' (the values joined with commas)."""
+    """What a subcommand's option takes, as the command line declares it (`_gradflow.options`):
+    `kind` is 'flag', 'int' (a whole number), 'number' or 'text' (of each item, for a list);
+    `several` is 'repeat' for a list given as one --option=VALUE per value (--lr), 'join' for one
+    value of comma-separated items (--arch), '' for a single value."""
 
-    __slots__ = ("kind", "repeated", "joined")
+    __slots__ = ("kind", "several")
 
-    def __init__(self, kind, repeated=False, joined=False):
-        self.kind, self.repeated, self.joined = kind, repeated, joined
+    def __init__(self, kind, several=""):
+        self.kind, self.several = kind, several
 
-    @property
-    def several(self):
-        return self.repeated or self.joined
+    def __repr__(self):
+        return f"_Option({self.kind!r}, {self.several!r})"
 
 
-# A line of CLI11's help that starts an option: two spaces, the names ("-o,--output", "--depth"),
-# then for an option that takes a value a space and its type name ("TEXT", "INT:POSITIVE",
-# "FLOAT=1e-3", "TEXT:{a,b}=a"), for a flag nothing but the padding before the description.
-_HELP_OPTION = re.compile(r"^  (?:-[A-Za-z0-9],)?--(?P<name>[A-Za-z0-9][A-Za-z0-9_-]*)(?P<rest>.*)$")
-_HELP_TYPE = re.compile(r"^ (?P<type>[A-Z][A-Z0-9_]+)(?=[:= ]|$)")
-_HELP_LIST = re.compile(r" \.\.\.(?= REQUIRED| Excludes:| Needs:| \(Env|  |$)")
-_HELP_DESCRIPTION = " " * 30  # CLI11's description column: wrapped and continued lines start here
+_KINDS = {"whole": "int", "real": "number", "text": "text"}
 
 
 @functools.lru_cache(maxsize=None)
 def _options(subcommand):
-    """{keyword: _Option} of `gradflow SUBCOMMAND`, read once per process from its --help (the
-    options, their types and defaults are the binary's: nothing here is kept by hand)."""
-    outcome = _gradflow.run([subcommand, "--help"], None)
-    if outcome.code != 0:
-        raise RuntimeError(f"gradflow {subcommand} --help failed ({outcome.message}); cannot check keywords")
-    table, current, text = {}, None, []
-
-    def close():
-        if current is not None:
-            option = table[current]
-            option.joined = option.kind != "flag" and "comma-separated" in " ".join(text)
-
-    for line in outcome.stdout.splitlines():
-        match = _HELP_OPTION.match(line)
-        if match:
-            close()
-            rest = match["rest"]
-            kind = _HELP_TYPE.match(rest)
-            base = kind["type"] if kind else None
-            current, text = match["name"].replace("-", "_"), [rest]
-            table[current] = _Option("flag" if base is None else "int" if base in ("INT", "UINT") else
-                                     "number" if base == "FLOAT" else "text",
-                                     repeated=base is not None and _HELP_LIST.search(rest) is not None)
-        elif current is not None and line.startswith(_HELP_DESCRIPTION):
-            text.append(line)
-        else:  # a section's title or a blank line ends the option
-            close()
-            current, text = None, []
-    close()
+    """{keyword: _Option} of `gradflow SUBCOMMAND`, every long name of each option, read once per
+    process from the command line's own declarations (nothing here is kept by hand)."""
+    code, message, rows = _gradflow.options(subcommand)
+    if code == 2:  # the command line cannot be built (a broken file in GRADFLOW_PLACEMENTS): its line
+        raise InputError(message)
+    if code != 0 or not rows:
+        raise RuntimeError(f"gradflow {subcommand} declares no options ({message or f'exit code {code}'}); "
+                           "cannot check keywords: the module and its native part do not match")
+    table = {}
+    for row in rows:
+        if row["flag"]:
+            option = _Option("flag")
+        elif row["kind"] in _KINDS and row["several"] in ("", "repeat", "join"):
+            option = _Option(_KINDS[row["kind"]], row["several"])
+        else:
+            raise RuntimeError(f"gradflow {subcommand}: option --{row['names'][0]} is of a kind this module does "
+                               f"not know ({row['kind']!r}, {row['several']!r}); cannot check keywords")
+        for name in row["names"]:
+            table[name.replace("-", "_")] = option
     return table
 
 
@@ -164,7 +146,7 @@ def _argv(subcommand, options):
             if not option.several:
                 raise TypeError(f"{key}= takes one value, {_TAKES[option.kind]}, not a {type(value).__name__}")
             items = [_word(key, option.kind, item) for item in value]
-            if option.repeated and items:
+            if option.several == "repeat" and items:
                 words += [f"{flag}={item}" for item in items]
             else:  # an empty list is an empty value, which the command line refuses with its own message
                 words.append(f"{flag}={','.join(items)}")

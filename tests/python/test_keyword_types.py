@@ -3,14 +3,17 @@ themselves (issue 51, item 9 and acceptance 5). Run with the rest of tests/pytho
 
     PYTHONPATH=build/python GRADFLOW_BINARY=build/gradflow /usr/bin/python3 -m pytest tests/python
 
-What each option takes (a flag, a whole number, a number, text; one value or a list) is read by the
-module from the subcommand's --help, and the cases below are generated from that same table, so a
-new option is covered without a line here; the table itself is checked against the binary's help.
+What each option takes (a flag, a whole number, a number, text; one value or a list) is the
+command line's own declaration, which the native part hands over (gradflow._gradflow.options,
+cli::option_table). The cases below are generated from that table as the native part gives it,
+not from the module's Python, so a new option is covered without a line here, and the cases
+hold a Python part that builds its command line otherwise to the same standard.
 """
 import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -24,6 +27,12 @@ BINARY = os.path.abspath(os.environ.get("GRADFLOW_BINARY", "build/gradflow"))
 SMALL = dict(depth=2, width=16, heads=2, seq=4, no_timing=True)
 SWEEP_SMALL = dict(arch="keel", depth=[2], width=16, heads=2, seq=4)
 SUBCOMMANDS = ("analyze", "sweep")
+# Keywords the functions refuse or take as their own parameters, not as options.
+REFUSED = {"format", "quiet", "help", "version"}
+NOT_KEYWORDS = {"analyze": REFUSED, "sweep": REFUSED | {"plan"}, "check": REFUSED | {"baseline"}}
+# The options whose rule refuses fractions though the flag reads a number (PlacementOption::whole):
+# the MoE op's counts and the placement files' [[requires]] floor(X) == X.
+WHOLE_BY_RULE = ("experts", "experts_active", "shared_expert_hidden", "num_fracs", "attnres_blocks")
 
 
 @pytest.fixture(autouse=True)
@@ -33,11 +42,20 @@ def in_a_temporary_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+def table(subcommand):
+    """(keyword, row) for every long name of `subcommand`'s options, as the native part declares them."""
+    code, message, rows = gradflow._gradflow.options(subcommand)
+    assert code == 0 and rows, (subcommand, code, message)
+    return [(name.replace("-", "_"), row) for row in rows for name in row["names"]]
+
+
+def kind(row):
+    return "flag" if row["flag"] else {"whole": "int", "real": "number", "text": "text"}[row["kind"]]
+
+
 def options_of(subcommand, *kinds):
-    """(keyword, option) of `subcommand`'s options of the given kinds, those Python refuses left out."""
-    refused = set(gradflow._OWN) | ({"plan"} if subcommand == "sweep" else set())
-    return [(key, option) for key, option in gradflow._options(subcommand).items()
-            if key not in refused and option.kind in kinds]
+    """(keyword, row) of `subcommand`'s options of the given kinds, those its function refuses left out."""
+    return [(key, row) for key, row in table(subcommand) if key not in NOT_KEYWORDS[subcommand] and kind(row) in kinds]
 
 
 def call(subcommand, keyword, value):
@@ -48,31 +66,85 @@ def call(subcommand, keyword, value):
     return gradflow.sweep(options.pop("output", "out"), **options)
 
 
-def valued(*kinds):
-    return [pytest.param(sub, key, id=f"{sub}-{key}") for sub in SUBCOMMANDS for key, _ in options_of(sub, *kinds)]
+def valued(*kinds, subcommands=SUBCOMMANDS):
+    return [pytest.param(sub, key, id=f"{sub}-{key}") for sub in subcommands for key, _ in options_of(sub, *kinds)]
 
 
-def test_the_option_table_is_the_binarys():
-    """Every option the binary's help lists is in the table read from it, and the kinds of a few
-    are the ones the C++ declares (the regexes read CLI11's help layout)."""
+def test_the_option_table_is_the_command_lines():
+    """Every option the binary's help lists is in the table, and the kinds of a few are the ones
+    the C++ declares: CLI11's INT and UINT, FLOAT, a CLI11 list, a comma-separated text list, and a
+    number option whose rule refuses fractions."""
     for subcommand in ("analyze", "sweep", "check", "archs", "merge", "explain"):
         text = subprocess.run([BINARY, subcommand, "--help"], capture_output=True, text=True, check=True).stdout
         listed = {name.replace("-", "_") for name in re.findall(r"^  (?:-\w,)?--([\w-]+)", text, re.MULTILINE)}
-        assert listed and set(gradflow._options(subcommand)) == listed, subcommand
-    analyze, sweep = gradflow._options("analyze"), gradflow._options("sweep")
-    kinds = {key: (option.kind, option.repeated, option.joined) for key, option in analyze.items()}
-    assert kinds["depth"] == ("int", False, False)
-    assert kinds["seed"] == ("int", False, False)  # UINT
-    assert kinds["no_timing"] == ("flag", False, False)
-    assert kinds["lr"] == ("number", True, True)  # a CLI11 list: one --lr=VALUE per value
-    assert kinds["arch"] == ("text", False, True)  # comma-separated in one value
-    assert kinds["output"] == ("text", False, False)
-    assert kinds["num_fracs"][0] == "number" and kinds["keel_variant"][0] == "text"  # declared by the registry
-    assert (sweep["depth"].kind, sweep["depth"].joined) == ("text", True)
-    assert gradflow._options("check")["expect"].repeated
+        assert listed and {key for key, _ in table(subcommand)} == listed, subcommand
+    analyze, sweep, check = (gradflow._options(sub) for sub in ("analyze", "sweep", "check"))
+    kinds = {key: (option.kind, option.several) for key, option in analyze.items()}
+    assert kinds["depth"] == ("int", "")
+    assert kinds["seed"] == ("int", "")  # UINT
+    assert kinds["no_timing"] == ("flag", "")
+    assert kinds["lr"] == ("number", "repeat")  # a CLI11 list: one --lr=VALUE per value
+    assert kinds["arch"] == ("text", "join")  # comma-separated in one value
+    assert kinds["output"] == ("text", "")
+    assert kinds["rope_theta"] == kinds["alpha"] == ("number", "")
+    assert kinds["keel_variant"] == ("text", "")  # declared by the registry
+    for key in WHOLE_BY_RULE:
+        assert kinds[key] == ("int", ""), key
+    assert (sweep["depth"].kind, sweep["depth"].several) == ("int", "join")
+    assert (sweep["width"].kind, sweep["width"].several) == ("int", "join")
+    assert (check["expect"].kind, check["expect"].several) == ("text", "repeat")
+    assert check["max_rows"].kind == "int"
     gradflow._options.cache_clear()
     gradflow._options("analyze"), gradflow._options("analyze")
     assert gradflow._options.cache_info().misses == 1  # read once per process
+    assert gradflow._gradflow.options("nope")[0] == 2
+
+
+def placements_run(directory, code):
+    """`code` in a new interpreter whose registry reads GRADFLOW_PLACEMENTS=directory (read once per
+    process, so not in this one)."""
+    env = {**os.environ, "GRADFLOW_PLACEMENTS": str(directory)}
+    return subprocess.run([sys.executable, "-c", "import gradflow\n" + code], capture_output=True, text=True, env=env)
+
+
+def test_a_broken_placement_file_raises_input_error_with_the_command_lines_line(tmp_path):
+    (tmp_path / "broken.toml").write_text('id = "broken"\nupdate_rule = \n')
+    expected = subprocess.run([BINARY, "analyze", "--depth", "2"], capture_output=True, text=True,
+                              env={**os.environ, "GRADFLOW_PLACEMENTS": str(tmp_path)})
+    assert expected.returncode == 2 and "broken.toml" in expected.stderr
+    outcome = placements_run(tmp_path, "try:\n    gradflow.analyze(depth=2)\nexcept gradflow.InputError as e:\n"
+                                       "    print(e)\n")
+    assert outcome.returncode == 0, outcome.stderr
+    assert outcome.stdout.strip() == expected.stderr.strip()
+
+
+def test_a_placement_files_whole_number_rule_makes_its_option_whole(tmp_path):
+    """An option is a whole number when a [[requires]] says floor(KEY) == KEY (or of a constant it
+    feeds, or as a term of an 'and'); one declared by two files is whole when both say so."""
+    source = open(os.path.join(os.path.dirname(__file__), "..", "..", "data", "placements", "builtins",
+                               "pre-ln.toml")).read()
+    option = '\n[options.{key}]\nhelp = "a count"\ndefault = 2\nrange = "[1, inf)"\n'
+    rule = '\n[[requires]]\ncondition = "{condition}"\nmessage = "--{flag} is a whole number"\n'
+    files = {
+        "a": option.format(key="my_count") + rule.format(condition="floor(my_count) == my_count", flag="my-count")
+        + option.format(key="my_share") + option.format(key="my_both")
+        + rule.format(condition="S >= 1 and my_both == floor(my_both)", flag="my-both"),
+        "b": option.format(key="my_both") + "\n[constants]\nn = { option = \"my_both\" }\n"
+        + rule.format(condition="floor(n) == n", flag="my-both")
+        + option.format(key="my_half") + rule.format(condition="floor(my_half) == my_half or S > 1", flag="my-half"),
+    }
+    for name, extra in files.items():
+        text = source.replace('id = "pre-ln"', f'id = "mine-{name}"', 1)
+        head, sublayer = text.split("[[sublayer]]", 1)
+        (tmp_path / f"{name}.toml").write_text(head + extra + "\n[[sublayer]]" + sublayer)
+    outcome = placements_run(tmp_path, "t = gradflow._options('analyze')\n"
+                                       "print(*(t[k].kind for k in ('my_count', 'my_share', 'my_both', 'my_half')))\n"
+                                       "try:\n    gradflow.analyze(arch='mine-a', my_count=2.5)\n"
+                                       "except TypeError as e:\n    print(e)\n")
+    assert outcome.returncode == 0, outcome.stderr
+    kinds, refusal = outcome.stdout.splitlines()
+    assert kinds == "int number int number"
+    assert refusal.startswith("my_count= takes a whole number")
 
 
 def test_a_bool_for_a_valued_option_raises_type_error_and_writes_nothing(tmp_path, monkeypatch):
@@ -114,11 +186,10 @@ def leave_empty(directory):
 
 @pytest.mark.parametrize("value", ["-q", "--depth", "--"])
 @pytest.mark.parametrize("subcommand,keyword", valued("int", "number", "text"))
-def test_a_value_starting_with_a_dash_is_that_options_value(subcommand, keyword, value, tmp_path, monkeypatch):
+def test_a_value_starting_with_a_dash_is_that_options_value(subcommand, keyword, value, tmp_path):
     """A value that looks like an option never changes which options are parsed: the call does
     what the command line does with the value attached to its option (--option=VALUE): the same
     refusal, which names the option, or the same run (a file or directory of that name, for -o)."""
-    monkeypatch.chdir(tmp_path)
     expected = subprocess.run([BINARY, *command_line(subcommand, keyword, value)], capture_output=True,
                               text=True, errors="replace")
     made = leave_empty(tmp_path)
@@ -135,8 +206,15 @@ def test_a_value_starting_with_a_dash_is_that_options_value(subcommand, keyword,
     assert sorted(os.listdir(tmp_path)) == made
 
 
+INTEGER_OPTIONS = valued("int")
+
+
+def test_the_integer_options_include_those_whole_by_their_rule():
+    assert {(sub, key) for sub in SUBCOMMANDS for key in WHOLE_BY_RULE} <= {tuple(p.values) for p in INTEGER_OPTIONS}
+
+
 @pytest.mark.parametrize("value", [2.5, 2.0])
-@pytest.mark.parametrize("subcommand,keyword", valued("int"))
+@pytest.mark.parametrize("subcommand,keyword", INTEGER_OPTIONS)
 def test_a_float_for_an_integer_option_raises_type_error(subcommand, keyword, value):
     with pytest.raises(TypeError, match=rf"^{keyword}= takes a whole number .*, not {value} \(float\)"):
         call(subcommand, keyword, value)
@@ -145,7 +223,7 @@ def test_a_float_for_an_integer_option_raises_type_error(subcommand, keyword, va
 @pytest.mark.parametrize("value", [[2, 4], ("a", "b")])
 @pytest.mark.parametrize("subcommand,keyword",
                          [p for p in valued("int", "number", "text")
-                          if not gradflow._options(p.values[0])[p.values[1]].several])
+                          if not dict(table(p.values[0]))[p.values[1]]["several"]])
 def test_a_list_for_a_single_valued_option_raises_type_error(subcommand, keyword, value):
     with pytest.raises(TypeError, match=rf"^{keyword}= takes one value, .*, not a {type(value).__name__}"):
         call(subcommand, keyword, value)
