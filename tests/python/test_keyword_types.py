@@ -184,12 +184,67 @@ def leave_empty(directory):
     return made
 
 
+class Submitted(Exception):
+    """Raised by a stand-in for the native run: the command line was built, and is not run."""
+
+
+def command_line_built(monkeypatch, function, *args, **keywords):
+    """The words `function(*args, **keywords)` hands to the native run, which is not run."""
+    seen = []
+
+    def run(words, *_, **__):
+        seen.append(list(words))
+        raise Submitted
+
+    monkeypatch.setattr(gradflow._gradflow, "run", run)
+    with pytest.raises(Submitted):
+        function(*args, **keywords)
+    return seen[0]
+
+
+DASHED = ["-q", "--depth", "--", "-o=x"]
+
+
+@pytest.mark.parametrize("value", DASHED)
+@pytest.mark.parametrize("subcommand,keyword", valued("int", "number", "text", subcommands=("analyze", "sweep", "check")))
+def test_a_value_starting_with_a_dash_is_attached_to_its_option(subcommand, keyword, value, monkeypatch):
+    """No value, whatever it starts with, is a word of its own that could be read as an option: it
+    is one word with its option, --option=VALUE (CLI11 2.1.2 happens to take a separate next word
+    as the value whatever it starts with, so a run alone could not tell the two apart)."""
+    flag = "--" + keyword.replace("_", "-")
+    if subcommand == "analyze":
+        words = command_line_built(monkeypatch, gradflow.analyze, **{keyword: value})
+        assert words == ["analyze", f"{flag}={value}", "-q"]
+    elif subcommand == "sweep" and keyword == "output":
+        assert command_line_built(monkeypatch, gradflow.sweep, value) == ["sweep", f"--output={value}", "-q"]
+    elif subcommand == "sweep":
+        words = command_line_built(monkeypatch, gradflow.sweep, "out", **{keyword: value})
+        assert words == ["sweep", "--output=out", f"{flag}={value}", "-q"]
+    else:
+        words = command_line_built(monkeypatch, gradflow.check, "r.json", "b.json", **{keyword: value})
+        assert words == ["check", "--baseline=b.json", f"{flag}={value}", "--json", "--", "r.json"]
+
+
+@pytest.mark.parametrize("value", DASHED)
+def test_positional_values_starting_with_a_dash_follow_a_double_dash(value, monkeypatch):
+    assert command_line_built(monkeypatch, gradflow.explain, value) == ["explain", "--", value]
+    words = command_line_built(monkeypatch, gradflow.check, value, value)
+    assert words == ["check", f"--baseline={value}", "--json", "--", value]
+
+
+# One option of each shape for the runs below (the words of every option are checked above).
+RUN_SAMPLE = [("analyze", "output"), ("analyze", "depth"), ("analyze", "rope_theta"), ("analyze", "init"),
+              ("analyze", "arch"), ("analyze", "lr"), ("analyze", "keel_variant"), ("analyze", "experts"),
+              ("sweep", "output"), ("sweep", "depth")]
+
+
 @pytest.mark.parametrize("value", ["-q", "--depth", "--"])
-@pytest.mark.parametrize("subcommand,keyword", valued("int", "number", "text"))
-def test_a_value_starting_with_a_dash_is_that_options_value(subcommand, keyword, value, tmp_path):
-    """A value that looks like an option never changes which options are parsed: the call does
-    what the command line does with the value attached to its option (--option=VALUE): the same
-    refusal, which names the option, or the same run (a file or directory of that name, for -o)."""
+@pytest.mark.parametrize("subcommand,keyword", RUN_SAMPLE)
+def test_a_value_starting_with_a_dash_runs_as_that_options_value(subcommand, keyword, value, tmp_path):
+    """The call does what the command line does with the value attached to its option
+    (--option=VALUE): the same refusal, which names the option, or the same run (a file or
+    directory of that name, for -o)."""
+    assert keyword in dict(options_of(subcommand, "int", "number", "text")), (subcommand, keyword)
     expected = subprocess.run([BINARY, *command_line(subcommand, keyword, value)], capture_output=True,
                               text=True, errors="replace")
     made = leave_empty(tmp_path)
