@@ -327,6 +327,11 @@ def test_check_and_explain_keep_values_as_values(tmp_path, monkeypatch):
         gradflow.check("-q", "-q")  # the result path stays the positional RESULT
     with pytest.raises(gradflow.InputError, match=r'explain "-q"'):
         gradflow.explain("-q")
+    with pytest.raises(gradflow.InputError, match=r'explain "--list"'):  # a figure's name, not the flag
+        gradflow.explain("--list")
+    assert "log10_grad" in gradflow.run("explain", "--list")[1]  # the list: the command line's flag
+    with pytest.raises(TypeError, match=r"^output= takes a string .*, not False \(bool\)"):  # False too
+        gradflow.analyze(**SMALL, output=False)
     with pytest.raises(TypeError, match=r"^max_rows= takes a whole number"):
         gradflow.check("a.json", "b.json", max_rows=1.5)
     with pytest.raises(TypeError, match=r"^expect= takes an expression"):
