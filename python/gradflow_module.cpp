@@ -167,6 +167,33 @@ Outcome run(const std::vector<std::string>& args, const py::object& progress, bo
   return outcome;
 }
 
+// Text as str; bytes that are not UTF-8 (a message may quote a malformed file) become U+FFFD.
+py::str text(const std::string& bytes) {
+  return py::reinterpret_steal<py::str>(
+      PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "replace"));
+}
+
+// (exit code, message, rows): a subcommand's options as the CLI declares them (cli::option_table),
+// each row a dict of names, flag, kind and several; code 2 and the line when the app cannot be
+// built (a broken placement file) or the subcommand is unknown.
+py::tuple options(const std::string& subcommand) {
+  std::unique_lock one_at_a_time = take_command_lock();  // the registry is process-wide, as for run
+  struct ReleaseOwner {
+    ~ReleaseOwner() { g_owner.store(std::thread::id{}); }
+  } release_owner;
+  const gradflow::cli::OptionTable table = gradflow::cli::option_table(subcommand);
+  py::list rows;
+  for (const gradflow::cli::OptionRow& row : table.rows) {
+    py::dict entry;
+    entry["names"] = row.names;
+    entry["flag"] = row.flag;
+    entry["kind"] = row.kind;
+    entry["several"] = row.several;
+    rows.append(entry);
+  }
+  return py::make_tuple(table.outcome.code, text(table.outcome.message), rows);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_gradflow, module) {
@@ -175,19 +202,19 @@ PYBIND11_MODULE(_gradflow, module) {
   py::class_<Report, std::shared_ptr<Report>>(module, "Report")
       .def("json", &Report::json, "The analyze JSON document, as the CLI writes it")
       .def("csv", &Report::csv, "The analyze CSV, as the CLI writes it");
-  // Text as str; bytes that are not UTF-8 (a message may quote a malformed file) become U+FFFD.
-  const auto text = [](const std::string& bytes) {
-    return py::reinterpret_steal<py::str>(
-        PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "replace"));
-  };
   py::class_<Outcome>(module, "Outcome")
       .def_readonly("code", &Outcome::code)
-      .def_property_readonly("stdout", [text](const Outcome& o) { return text(o.stdout_text); })
-      .def_property_readonly("message", [text](const Outcome& o) { return text(o.message); })
+      .def_property_readonly("stdout", [](const Outcome& o) { return text(o.stdout_text); })
+      .def_property_readonly("message", [](const Outcome& o) { return text(o.message); })
       .def_readonly("report", &Outcome::report);
   module.def("run", &run, py::arg("args"), py::arg("progress") = py::none(), py::arg("want_report") = false,
              "Runs one gradflow command line (without the program name) in this process; returns its exit "
              "code, its stdout, its one-line message and, with want_report, analyze's report (which is then "
              "not written to stdout)");
+  module.def("options", &options, py::arg("subcommand"),
+             "(exit code, message, rows): the options of one subcommand as the command line declares them, "
+             "each a dict: names (long names without --), flag (takes no value), kind (whole, real or text: "
+             "of each item for a list) and several (repeat: one occurrence per value; join: comma-separated "
+             "in one value; '': one value)");
   module.attr("version") = GRADFLOW_VERSION;
 }

@@ -52,6 +52,10 @@ struct PlacementOption {
   bool in_run_config =
       false;  // also in each run's "config" (and compared by `check`); else in constants only
   bool in_sweep_model = false;  // in a sweep manifest's "model" (so a resumed sweep must agree on it)
+  // Every value a run accepts is a whole number (--experts; a placement file's [[requires]]
+  // floor(KEY) == KEY). The flag still reads a number: its rule refuses a fraction, with its own
+  // message; this tells the Python module's type check (cli::option_table) to want an int.
+  bool whole = false;
   bool is_word() const { return !choices.empty(); }
   std::string shown_default() const;  // default_value as text, else default_text ("0.25", "paper's constant")
 };

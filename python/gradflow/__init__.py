@@ -3,7 +3,10 @@
 The functions take the command line's options as keyword arguments (snake_case: ``--kv-heads 2``
 is ``kv_heads=2``; a list option takes a list or a comma-separated string; a flag takes True) with
 the command line's defaults, and run the same code in this process: the same validation, the same
-one-line messages (raised as :class:`InputError`), the same numbers.
+one-line messages (raised as :class:`InputError`), the same numbers. A value of a kind its option
+does not take (a bool for a valued option, a float for a whole number, a list for one value)
+raises TypeError naming the keyword; each value is passed as --option=value, never read as an
+option.
 
     import gradflow
     result = gradflow.analyze(arch="keel,pre-ln", depth=256, seeds=2)
@@ -14,8 +17,10 @@ While a run computes, the GIL is released; Ctrl-C (KeyboardInterrupt) stops it b
 sublayers, and nothing is left half-written. The reference: docs/python.md.
 """
 
+import functools
 import io
 import json
+import os
 import sys
 
 from . import _gradflow
@@ -44,8 +49,78 @@ def _flag(key):
     return "--" + key.replace("_", "-")
 
 
-def _argv(options):
-    """Keyword arguments -> command-line words, in the given order."""
+class _Option:
+    """What a subcommand's option takes, as the command line declares it (`_gradflow.options`):
+    `kind` is 'flag', 'int' (a whole number), 'number' or 'text' (of each item, for a list);
+    `several` is 'repeat' for a list given as one --option=VALUE per value (--lr), 'join' for one
+    value of comma-separated items (--arch), '' for a single value."""
+
+    __slots__ = ("kind", "several")
+
+    def __init__(self, kind, several=""):
+        self.kind, self.several = kind, several
+
+    def __repr__(self):
+        return f"_Option({self.kind!r}, {self.several!r})"
+
+
+_KINDS = {"whole": "int", "real": "number", "text": "text"}
+
+
+@functools.lru_cache(maxsize=None)
+def _options(subcommand):
+    """{keyword: _Option} of `gradflow SUBCOMMAND`, every long name of each option, read once per
+    process from the command line's own declarations (nothing here is kept by hand)."""
+    code, message, rows = _gradflow.options(subcommand)
+    if code == 2:  # the command line cannot be built (a broken file in GRADFLOW_PLACEMENTS): its line
+        raise InputError(message)
+    if code != 0 or not rows:
+        raise RuntimeError(f"gradflow {subcommand} declares no options ({message or f'exit code {code}'}); "
+                           "cannot check keywords: the module and its native part do not match")
+    table = {}
+    for row in rows:
+        if row["flag"]:
+            option = _Option("flag")
+        elif row["kind"] in _KINDS and row["several"] in ("", "repeat", "join"):
+            option = _Option(_KINDS[row["kind"]], row["several"])
+        else:
+            raise RuntimeError(f"gradflow {subcommand}: option --{row['names'][0]} is of a kind this module does "
+                               f"not know ({row['kind']!r}, {row['several']!r}); cannot check keywords")
+        for name in row["names"]:
+            table[name.replace("-", "_")] = option
+    return table
+
+
+_TAKES = {"flag": "True (or False or None to leave it out)",
+          "int": "a whole number (an int, or its text)",
+          "number": "a number (an int or a float, or its text)",
+          "text": "a string (or a path, or a number)"}
+
+
+def _word(key, kind, value):
+    """One value of option `key`, checked against its kind, as the command line's text."""
+    if isinstance(value, os.PathLike) and kind == "text":
+        return os.fspath(value)
+    if isinstance(value, str):
+        return value
+    fits = {"int": (int,), "number": (int, float), "text": (int, float)}[kind]
+    if isinstance(value, bool) or not isinstance(value, fits):
+        raise TypeError(f"{key}= takes {_TAKES[kind]}, not {_shown(value)} ({type(value).__name__})")
+    return str(value)
+
+
+def _shown(value):
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _argv(subcommand, options):
+    """Keyword arguments -> command-line words, in the given order, each value type-checked against
+    what its option takes (`_options`: a bool for a valued option, a float for a whole number or a
+    list for a single value is a TypeError naming the keyword) and written as one word,
+    --option=value (one --option=value per value for a list option), so that no value, whatever
+    it starts with, is read as an option."""
+    known = _options(subcommand)
     words = []
     for key, value in options.items():
         if key in _OWN:
@@ -53,14 +128,30 @@ def _argv(options):
         flag = _flag(key)
         if hasattr(value, "tolist"):  # numpy scalars and arrays: their Python values
             value = value.tolist()
-        if value is None or value is False:
+        if value is None:
             continue
-        if value is True:
-            words.append(flag)
-        elif isinstance(value, (list, tuple)):
-            words += [flag, ",".join(str(item) for item in value)]
-        else:
-            words += [flag, str(value)]
+        option = known.get(key)
+        if option is None:  # not an option of this subcommand: the command line names it ("did you mean")
+            if value is not False:
+                words.append(flag if value is True else f"{flag}={value}")
+            continue
+        if option.kind == "flag":
+            if not isinstance(value, bool):
+                raise TypeError(f"{key}= is a flag: it takes {_TAKES['flag']}, not {_shown(value)} "
+                                f"({type(value).__name__})")
+            if value:
+                words.append(flag)
+            continue
+        if isinstance(value, (list, tuple)):
+            if not option.several:
+                raise TypeError(f"{key}= takes one value, {_TAKES[option.kind]}, not a {type(value).__name__}")
+            items = [_word(key, option.kind, item) for item in value]
+            if option.several == "repeat" and items:
+                words += [f"{flag}={item}" for item in items]
+            else:  # an empty list is an empty value, which the command line refuses with its own message
+                words.append(f"{flag}={','.join(items)}")
+            continue
+        words.append(f"{flag}={_word(key, option.kind, value)}")
     return words
 
 
@@ -203,7 +294,8 @@ def analyze(progress=None, **options):
     depth=1024, seeds=4, config="llama-3.2-1b", update="adam", lr=[1e-4, 1e-3], checkpoint=DIR,
     no_timing=True, threads=2, ...). progress: None, a callable progress(done, total) called on
     this thread, or 'bar'. Returns a Result; a bad option raises InputError."""
-    outcome = _gradflow.run(["analyze", *_argv(options), "-q"], _progress(progress, "gradflow analyze"), True)
+    outcome = _gradflow.run(["analyze", *_argv("analyze", options), "-q"], _progress(progress, "gradflow analyze"),
+                            True)
     if outcome.code == 2:
         raise InputError(outcome.message)
     if outcome.code != 0 or outcome.report is None:
@@ -244,14 +336,14 @@ def sweep(output, progress=None, **options):
     if "plan" in options:
         raise InputError("plan= is not taken by gradflow.sweep: gradflow.run('sweep', ..., '--plan') returns the "
                          "plan's JSON text")
-    words = _argv(options)
-    sharded = "--shard" in words and words[words.index("--shard") + 1] != "0/1"
-    outcome = _gradflow.run(["sweep", *words, "-o", str(output), "-q"], _progress(progress, "gradflow sweep"))
+    words = _argv("sweep", {"output": output, **options})
+    sharded = any(word.startswith("--shard=") and word != "--shard=0/1" for word in words)
+    outcome = _gradflow.run(["sweep", *words, "-q"], _progress(progress, "gradflow sweep"))
     if outcome.code == 2:
         raise InputError(outcome.message)
     if outcome.code != 0:
         raise RuntimeError(outcome.message or f"gradflow sweep ended with {outcome.code}")
-    return None if sharded else SweepResult(str(output))
+    return None if sharded else SweepResult(os.fspath(output) if isinstance(output, os.PathLike) else str(output))
 
 
 class CheckReport:
@@ -281,14 +373,18 @@ def _path(value):
 def check(result, baseline, expect=None, **options):
     """`gradflow check RESULT --baseline BASELINE` (tolerances=FILE, expect=["keel.log10_grad_ratio < 0.1"]);
     result and baseline are paths or Results. Returns a CheckReport (passed False for a regression)."""
-    import os
+    expectations = [expect] if isinstance(expect, str) else list(expect or [])
+    for item in expectations:
+        if not isinstance(item, str):
+            raise TypeError(f"expect= takes an expression such as 'keel.log10_grad_ratio < 0.1' or a list of them, "
+                            f"not {_shown(item)} ({type(item).__name__})")
+    words = _argv("check", options)
     paths = []
     try:
         paths.append(_path(result))
         paths.append(_path(baseline))
-        words = ["check", paths[0][0], "--baseline", paths[1][0], *_argv(options), "--json"]
-        for item in [expect] if isinstance(expect, str) else (expect or []):
-            words += ["--expect", item]
+        words = ["check", f"--baseline={paths[1][0]}", *words, *[f"--expect={item}" for item in expectations],
+                 "--json", "--", paths[0][0]]
         code, text = run(*words)
         return CheckReport(code == 0, json.loads(text))
     finally:
@@ -304,4 +400,4 @@ def placements():
 
 def explain(figure):
     """The reference text of a figure or placement (gradflow explain FIGURE)."""
-    return run("explain", str(figure))[1]
+    return run("explain", "--", str(figure))[1]

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -135,7 +136,41 @@ Constants file_constants(const PlacementDefinition& def, const ModelConfig& conf
   return out;
 }
 
-PlacementOption declared_option(const placement::OptionDeclaration& d) {
+// Whether `e` is a name standing for option `key`'s value whenever the option is given: the key
+// itself, or a constant the option feeds ({ option = "KEY" } in [constants]).
+bool names_option(const PlacementDefinition& def, const placement::Expr& e, const std::string& key) {
+  if (e.kind != placement::ExprKind::name) return false;
+  if (e.text == key) return true;
+  const auto record = def.constant_records.find(e.text);
+  return record != def.constant_records.end() && record->second.option == key;
+}
+
+// Whether condition `c` is false for every fraction of option `key`: floor(X) == X (either way
+// round), X the key or a constant it feeds, or a conjunction (and) with such a term.
+bool refuses_fractions(const PlacementDefinition& def, const placement::Expr& c, const std::string& key) {
+  if (c.kind == placement::ExprKind::logical_and)
+    return std::any_of(c.args.begin(), c.args.end(),
+                       [&](const placement::Expr& term) { return refuses_fractions(def, term, key); });
+  if (c.kind != placement::ExprKind::compare || c.text != "==" || c.args.size() != 2) return false;
+  for (std::size_t side = 0; side < 2; ++side) {
+    const placement::Expr &floor = c.args[side], &plain = c.args[1 - side];
+    if (floor.kind == placement::ExprKind::call && floor.text == "floor" && floor.args.size() == 1 &&
+        names_option(def, plain, key) && floor.args[0].kind == placement::ExprKind::name &&
+        floor.args[0].text == plain.text)
+      return true;
+  }
+  return false;
+}
+
+// Whether a [[requires]] of the file refuses every fraction of option `key`. Another way of saying
+// so is not recognised: the option is then taken as any number (and the rule still refuses).
+bool required_whole(const PlacementDefinition& def, const std::string& key) {
+  return std::any_of(def.requirements.begin(), def.requirements.end(), [&](const placement::Requirement& r) {
+    return refuses_fractions(def, r.condition, key);
+  });
+}
+
+PlacementOption declared_option(const PlacementDefinition& def, const placement::OptionDeclaration& d) {
   PlacementOption option;
   option.key = d.key;
   option.flag = d.flag;
@@ -150,6 +185,7 @@ PlacementOption declared_option(const placement::OptionDeclaration& d) {
   option.sets = d.sets;
   option.in_run_config = d.in_run_config;
   option.in_sweep_model = d.in_sweep_model;
+  option.whole = !d.is_word() && required_whole(def, d.key);
   return option;
 }
 }  // namespace
@@ -177,7 +213,7 @@ Architecture placement_architecture(const PlacementDefinition& def) {
   }
   arch.defined_at = def.id_at;
   for (const placement::OptionDeclaration& option : def.options)
-    arch.options.push_back(declared_option(option));
+    arch.options.push_back(declared_option(def, option));
   const PlacementDefinition* d = &def;
   arch.constants = [d](const ModelConfig& config) {
     return reporting_position([&] { return file_constants(*d, config); });

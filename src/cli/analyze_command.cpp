@@ -451,7 +451,7 @@ Command setup_analyze(CLI::App& app) {
   sub->add_flag("-q,--quiet", options->quiet, "No progress bar");
   sub->add_flag("-v,--verbose", options->verbose, "With --config: also list the config.json keys not used");
   add_placement_options(sub, options->model);
-  return {sub, [options] { return run_analyze(*options); }};
+  return {sub, [options] { return run_analyze(*options); }, {{"--arch", ListItems::text}}};
 }
 
 }  // namespace gradflow::cli

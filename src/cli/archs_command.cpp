@@ -55,7 +55,7 @@ Command setup_archs(CLI::App& app) {
       ->default_str("off")
       ->excludes("--arch")
       ->excludes("--depth");
-  return {sub, [options] { return run_archs(*options); }};
+  return {sub, [options] { return run_archs(*options); }, {{"--arch", ListItems::text}}};
 }
 
 }  // namespace gradflow::cli

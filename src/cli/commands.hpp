@@ -15,6 +15,7 @@
 #include "gradflow/app/model_config_file.hpp"
 #include "gradflow/architecture.hpp"
 #include "gradflow/config.hpp"
+#include "gradflow/decimal.hpp"
 
 namespace gradflow {
 struct AnalysisReport;
@@ -43,10 +44,16 @@ int run_analyze_checkpoint(const CheckpointCommand& command,
 // archs --checkpoint DIR: what was found (model_type, layers, widths, tensors and dtypes, placement).
 void print_checkpoint(const std::string& directory, const std::string& format);
 
+// What the items of a comma-separated list are, for an option whose one value the subcommand
+// splits itself (--arch keel,pre-ln; sweep's --depth 8,16): CLI11 sees one word of text.
+enum class ListItems { text, whole };
+
 // setup_x registers subcommand x on the app; `run` executes it once parsed and returns the exit code.
 struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;
+  // The options of `app` that take such a list, by long name ("--arch"), for option_table.
+  std::map<std::string, ListItems> comma_lists = {};
 };
 
 // ---- one command line in this process (run_cli.cpp): main.cpp and the Python module
@@ -74,6 +81,26 @@ struct CliOutcome {
 // Parses `args` (without the program name) as gradflow's command line and runs it, with `hooks`
 // (may be null) active for its duration; one call at a time.
 CliOutcome run_cli(const std::string& program, const std::vector<std::string>& args, const CliHooks* hooks);
+
+// One option of a subcommand as the app run_cli parses declares it, for the Python module's type
+// check (python/gradflow: what each keyword takes, without reading --help).
+struct OptionRow {
+  std::vector<std::string> names;  // its long names without "--" ("output"), the first its own
+  bool flag = false;               // takes no value (CLI11: expects 0 values)
+  // What a value (for a list: each item) is: "whole" (CLI11's INT and UINT, or a number option
+  // whose rule refuses fractions: PlacementOption::whole), "real" (FLOAT) or "text".
+  std::string kind;
+  // "repeat": one occurrence per value (a CLI11 list, --lr); "join": one value of comma-separated
+  // items (Command::comma_lists); "": a single value.
+  std::string several;
+};
+struct OptionTable {
+  CliOutcome outcome;  // code 2 and the line when the app cannot be built (a broken placement file)
+  std::vector<OptionRow> rows;
+};
+// The options with a long name of `subcommand` (positionals left out), in declaration order; an
+// unknown subcommand is exit 2. One call at a time, as run_cli.
+OptionTable option_table(const std::string& subcommand);
 // The hooks of the run_cli call in progress, or null.
 const CliHooks* active_hooks();
 // Passes progress to the active hooks, if any (may throw Cancelled).
@@ -93,6 +120,9 @@ std::string parse_error_message(const CLI::App& app, const CLI::ParseError& erro
 std::string unknown_subcommand(const CLI::App& app, const std::vector<std::string>& args);
 // Every numeric option of the tree reads its values in decimal only (number_options.cpp).
 void read_numbers_in_decimal(CLI::App& app);
+// The kind of number CLI11 converts an option's values to, from its type name ("INT:POSITIVE",
+// "UINT", "FLOAT"); nullopt for words and paths.
+std::optional<NumberKind> number_kind(const CLI::Option& option);
 // The one-line error for an option given '' or a list with an empty item; "" when there is none.
 std::string empty_value_problem(const CLI::App& app, const std::vector<std::string>& args);
 

@@ -11,9 +11,6 @@
 
 namespace gradflow::cli {
 
-namespace {
-// The kind of number CLI11 converts the option's values to, from its type name ("INT:POSITIVE",
-// "UINT", "FLOAT"); nullopt for words and paths.
 std::optional<NumberKind> number_kind(const CLI::Option& option) {
   const std::string type = option.get_type_name();
   const std::string base = type.substr(0, type.find(':'));
@@ -23,6 +20,7 @@ std::optional<NumberKind> number_kind(const CLI::Option& option) {
   return std::nullopt;
 }
 
+namespace {
 // A value to suggest: the whole number a value like 1e3 or 64.0 stands for, else the option's
 // default, else a plain example of its kind.
 std::string suggestion(const CLI::Option& option, NumberKind kind, const std::string& value) {

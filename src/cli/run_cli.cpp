@@ -7,11 +7,13 @@
 #include <atomic>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <system_error>
 
 #include "commands.hpp"
 #include "gradflow/app/placements.hpp"
 #include "gradflow/architecture.hpp"
+#include "gradflow/branch_op.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/kernels.hpp"
 
@@ -99,23 +101,33 @@ std::string one_line(const std::string& message) {
   return line;
 }
 
-CliOutcome run_cli_once(const std::string& program, const std::vector<std::string>& args) {
+// gradflow's command tree on `app`, as every command line parses it; throws InputError when the
+// registry cannot be read (the placement flags come from it: a broken file in GRADFLOW_PLACEMENTS).
+std::vector<Command> build_app(CLI::App& app, const std::string& program) {
   forget_placement_files();  // each command line reads the placement files it names afresh
-  CLI::App app{"gradflow: signal and gradient flow in deep Transformer stacks, measured exactly at depth."};
   app.set_version_flag("--version", std::string("gradflow ") + GRADFLOW_VERSION);
   app.require_subcommand(1);
   app.name(program);  // the usage lines name it, as parse(argc, argv) would
   app.footer(
       "Definitions of every placement and figure, with units: docs/ (placements.md, metrics.md, output.md), "
       "or 'gradflow explain FIGURE'. Exit codes: 0 ok, 1 check failed, 2 bad input.");
+  std::vector<Command> commands = {setup_analyze(app), setup_archs(app), setup_sweep(app),
+                                   setup_merge(app),   setup_check(app), setup_explain(app)};
+  read_numbers_in_decimal(app);
+  return commands;
+}
+
+constexpr const char* kAppDescription =
+    "gradflow: signal and gradient flow in deep Transformer stacks, measured exactly at depth.";
+
+CliOutcome run_cli_once(const std::string& program, const std::vector<std::string>& args) {
+  CLI::App app{kAppDescription};
   std::vector<Command> commands;
-  try {  // the placement flags come from the registry: a broken file in GRADFLOW_PLACEMENTS stops here
-    commands = {setup_analyze(app), setup_archs(app), setup_sweep(app),
-                setup_merge(app),   setup_check(app), setup_explain(app)};
+  try {
+    commands = build_app(app, program);
   } catch (const InputError& error) {
     return failure(error.what());
   }
-  read_numbers_in_decimal(app);
   if (const auto version = std::find(args.begin(), args.end(), "--version");
       version != args.end() && args.size() > 1) {
     return failure(
@@ -144,7 +156,82 @@ CliOutcome run_cli_once(const std::string& program, const std::vector<std::strin
   }
   return run_parsed(commands);
 }
+
+// Whether every placement declaring option `key` takes whole numbers only (one key is one flag:
+// a fraction is refused as a type only when no placement of the registry would run it).
+bool whole_everywhere(std::string_view key) {
+  bool declared = false;
+  for (const Architecture* arch : architectures()) {
+    for (const PlacementOption& option : arch->options) {
+      if (option.key != key) continue;
+      if (!option.whole) return false;
+      declared = true;
+    }
+  }
+  return declared;
+}
+
+// Whether the number option `option` of the registry or the branch-op table (by its flag) is whole.
+bool registry_whole(const CLI::Option& option) {
+  for (const PlacementOption* op : op_options()) {
+    if (option.check_name(std::string(op->flag))) return op->whole;
+  }
+  for (const PlacementOption* declared : placement_options()) {
+    if (option.check_name(std::string(declared->flag))) return whole_everywhere(declared->key);
+  }
+  return false;
+}
+
+OptionRow option_row(const CLI::Option& option, const Command& command) {
+  OptionRow row;
+  row.names = option.get_lnames();
+  row.flag = option.get_expected_max() == 0;  // add_flag sets expected(0); its type size stays 1
+  if (row.flag) return row;
+  const auto listed = command.comma_lists.find("--" + row.names.front());
+  const std::optional<NumberKind> number = number_kind(option);
+  if (listed != command.comma_lists.end()) {
+    if (number || option.get_expected_max() > 1)  // a list CLI11 reads itself: not one word of text
+      throw std::logic_error(fmt::format("{} is declared a comma-separated list, and CLI11 reads it as {}",
+                                         option.get_name(), option.get_type_name()));
+    row.kind = listed->second == ListItems::whole ? "whole" : "text";
+    row.several = "join";
+    return row;
+  }
+  row.kind = !number ? "text" : *number != NumberKind::real || registry_whole(option) ? "whole" : "real";
+  if (option.get_expected_max() > 1)
+    row.several = "repeat";
+  else if (option.get_delimiter() != '\0')
+    row.several = "join";
+  return row;
+}
 }  // namespace
+
+OptionTable option_table(const std::string& subcommand) {
+  OptionTable table;
+  try {
+    CLI::App app{kAppDescription};
+    const std::vector<Command> commands = build_app(app, "gradflow");
+    const auto command = std::find_if(commands.begin(), commands.end(),
+                                      [&](const Command& c) { return c.app->get_name() == subcommand; });
+    if (command == commands.end()) {
+      table.outcome =
+          failure(fmt::format("{:?} is not a gradflow subcommand; run 'gradflow --help'", subcommand));
+    } else {
+      for (const auto& [name, items] : command->comma_lists) {
+        if (!command->app->get_option_no_throw(name))
+          throw std::logic_error(
+              fmt::format("{} lists {} as a comma-separated option it does not have", subcommand, name));
+      }
+      for (const CLI::Option* option : command->app->get_options()) {
+        if (!option->get_lnames().empty()) table.rows.push_back(option_row(*option, *command));
+      }
+    }
+  } catch (const InputError& error) {
+    table.outcome = failure(error.what());
+  }
+  table.outcome.message = one_line(table.outcome.message);
+  return table;
+}
 
 CliOutcome run_cli(const std::string& program, const std::vector<std::string>& args, const CliHooks* hooks) {
   ActiveHooks active(hooks);

@@ -553,7 +553,9 @@ Command setup_sweep(CLI::App& app) {
   sub->footer(
       "Finished cells (file present, same configuration) are skipped, so an interrupted sweep resumes where "
       "it stopped.");
-  return {sub, [options] { return run_sweep(*options); }};
+  return {sub,
+          [options] { return run_sweep(*options); },
+          {{"--arch", ListItems::text}, {"--depth", ListItems::whole}, {"--width", ListItems::whole}}};
 }
 
 }  // namespace gradflow::cli

@@ -600,6 +600,7 @@ PlacementOption number_option(std::string_view key, std::string_view flag, std::
   option.fix = fix;
   option.when_unused = UnusedOption::refuse;
   option.in_run_config = option.in_sweep_model = true;
+  option.whole = true;  // each is a count: moe_check refuses a fraction
   return option;
 }
 
