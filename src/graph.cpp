@@ -589,20 +589,24 @@ void GraphExecutor<Scalar>::norm_gain_gradients(const SublayerGraph& graph,
   }
 }
 
+namespace {
+// Entry `id` of a per-value-id list of (1, d) parameters, or null where the list or the entry is empty.
+template <typename Scalar>
+const Mat<Scalar>* entry_of(const std::vector<Mat<Scalar>>* list, int id) {
+  return list != nullptr && static_cast<std::size_t>(id) < list->size() && (*list)[id].size() != 0
+             ? &(*list)[id]
+             : nullptr;
+}
+}  // namespace
+
 template <typename Scalar>
 const Mat<Scalar>* GraphExecutor<Scalar>::norm_gain(const BranchContext<Scalar>& context, int id) {
-  const auto* gains = context.norm_gains;
-  return gains != nullptr && static_cast<std::size_t>(id) < gains->size() && (*gains)[id].size() != 0
-             ? &(*gains)[id]
-             : nullptr;
+  return entry_of(context.norm_gains, id);
 }
 
 template <typename Scalar>
 const Mat<Scalar>* GraphExecutor<Scalar>::norm_bias(const BranchContext<Scalar>& context, int id) {
-  const auto* biases = context.norm_biases;
-  return biases != nullptr && static_cast<std::size_t>(id) < biases->size() && (*biases)[id].size() != 0
-             ? &(*biases)[id]
-             : nullptr;
+  return entry_of(context.norm_biases, id);
 }
 
 template <typename Scalar>
