@@ -26,7 +26,7 @@ struct BlockOps {
   FfnKind ffn = FfnKind::gelu;      // the activation of that op's FFNs (--ffn's word sets it)
   int kv_heads = 0;                 // 0: = heads
   double rope_theta = 0.0;
-  int rotary_dims = 0;  // 0: no rotary embedding
+  int rotary_dims = 0;             // 0: no rotary embedding
   RopeFrequencies rope_scaling{};  // a trained model's rescaled frequencies (none at init)
   double norm_eps = kNormEps;
   // The FFN op's own options (BranchOpRow::options) by key, each as given or else its default.

@@ -113,7 +113,9 @@ TEST_CASE("config.json olmo-2-1b: the olmo2 placement, SwiGLU, 16 heads and KV h
   CHECK(!r.model.bias);
 }
 
-TEST_CASE("config.json gemma-2-2b: peri-ln GeGLU (tanh GELU) from hidden_activation, 4 KV heads, head_dim 256 noted") {
+TEST_CASE(
+    "config.json gemma-2-2b: peri-ln GeGLU (tanh GELU) from hidden_activation, 4 KV heads, head_dim 256 "
+    "noted") {
   const Resolved r = resolve("gemma-2-2b");
   CHECK(r.file.placement == "peri-ln");
   CHECK(r.model.width == 2304);
