@@ -262,20 +262,9 @@ void GraphExecutor<Scalar>::run_forward(const SublayerGraph& graph, const std::v
         mix_fractions_forward(mix.fractions, mix.weights, a, out);
         break;
       }
-      case NodeOp::norm: {
-        const Mat<Scalar>* gain = norm_gain(context, id);
-        const Mat<Scalar>* bias = norm_bias(context, id);
-        affine_[id] = gain != nullptr || bias != nullptr;
-        if (!affine_[id]) {
-          norm_forward(context.norm, 1, a, out, norm_stats_[id], context.ops.norm_eps);
-          break;
-        }
-        norm_forward(context.norm, 1, a, normed_[id], norm_stats_[id], context.ops.norm_eps);
-        out = normed_[id];  // y = gamma * N(x) + beta
-        if (gain != nullptr) out.array().rowwise() *= gain->array().row(0);
-        if (bias != nullptr) out.rowwise() += bias->row(0);
+      case NodeOp::norm:
+        norm_node_forward(id, a, context, out);
         break;
-      }
       case NodeOp::unit:
         unit_rows_forward(1, a, out, norm_stats_[id]);
         break;
@@ -383,17 +372,9 @@ void GraphExecutor<Scalar>::run_backward(const SublayerGraph& graph,
         mix_fractions_backward(mix.fractions, mix.weights, d_out, d_a);
         break;
       }
-      case NodeOp::norm: {  // dL/dN(x) = gamma * dL/dy
-        const Mat<Scalar>* gain = norm_gain(context, id);
-        if (gain == nullptr) {
-          norm_backward(context.norm, 1, normed(id), norm_stats_[id], d_out, d_a);
-          break;
-        }
-        scaled_cotangent_ = d_out;
-        scaled_cotangent_.array().rowwise() *= gain->array().row(0);
-        norm_backward(context.norm, 1, normed(id), norm_stats_[id], scaled_cotangent_, d_a);
+      case NodeOp::norm:
+        norm_node_backward(id, d_out, context, d_a);
         break;
-      }
       case NodeOp::unit:
         unit_rows_backward(1, values_[id], norm_stats_[id], d_out, d_a);
         break;
@@ -490,15 +471,9 @@ void GraphExecutor<Scalar>::jvp(const SublayerGraph& graph, const std::vector<Ma
         mix_fractions_forward(mix.fractions, mix.weights, d_a, d_out);
         break;
       }
-      case NodeOp::norm: {  // symmetric Jacobians: the backward is the JVP
-        d_out.setZero(rows, values_[id].cols());
-        norm_backward(context.norm, 1, normed(id), norm_stats_[id], d_a, d_out);
-        // y = gamma * N(x) + beta: dy = gamma * dN + dgamma * N(x) (product rule).
-        if (const Mat<Scalar>* gain = norm_gain(context, id)) d_out.array().rowwise() *= gain->array().row(0);
-        if (d_gains && (*d_gains)[id].size() != 0)
-          d_out.array() += normed(id).array().rowwise() * (*d_gains)[id].array().row(0);
+      case NodeOp::norm:
+        norm_node_jvp(id, d_a, context, d_gains, d_out);
         break;
-      }
       case NodeOp::unit:
         d_out.setZero(rows, values_[id].cols());
         unit_rows_backward(1, values_[id], norm_stats_[id], d_a, d_out);
@@ -587,6 +562,44 @@ void GraphExecutor<Scalar>::norm_gain_gradients(const SublayerGraph& graph,
     // y = gamma * N(x) + beta: dL/dgamma = sum over tokens of dL/dy * N(x).
     gradients[id] = (cotangents_[id].array() * normed(id).array()).colwise().sum().matrix();
   }
+}
+
+// y = gamma * N(x) + beta; N(x) kept in normed_ when there is an affine.
+template <typename Scalar>
+void GraphExecutor<Scalar>::norm_node_forward(int id, const Mat<Scalar>& a,
+                                              const BranchContext<Scalar>& context, Mat<Scalar>& out) {
+  const Mat<Scalar>* gain = norm_gain(context, id);
+  const Mat<Scalar>* bias = norm_bias(context, id);
+  affine_[id] = gain != nullptr || bias != nullptr;
+  if (!affine_[id]) return norm_forward(context.norm, 1, a, out, norm_stats_[id], context.ops.norm_eps);
+  norm_forward(context.norm, 1, a, normed_[id], norm_stats_[id], context.ops.norm_eps);
+  out = normed_[id];
+  if (gain != nullptr) out.array().rowwise() *= gain->array().row(0);
+  if (bias != nullptr) out.rowwise() += bias->row(0);
+}
+
+// d_a += N'(x)^T (gamma * dL/dy).
+template <typename Scalar>
+void GraphExecutor<Scalar>::norm_node_backward(int id, const Mat<Scalar>& d_out,
+                                               const BranchContext<Scalar>& context, Mat<Scalar>& d_a) {
+  const Mat<Scalar>* gain = norm_gain(context, id);
+  if (gain == nullptr) return norm_backward(context.norm, 1, normed(id), norm_stats_[id], d_out, d_a);
+  scaled_cotangent_ = d_out;
+  scaled_cotangent_.array().rowwise() *= gain->array().row(0);
+  norm_backward(context.norm, 1, normed(id), norm_stats_[id], scaled_cotangent_, d_a);
+}
+
+// dy = gamma * N'(x) dx + dgamma * N(x) (product rule); N's Jacobian is symmetric, so its
+// backward is its JVP.
+template <typename Scalar>
+void GraphExecutor<Scalar>::norm_node_jvp(int id, const Mat<Scalar>& d_a,
+                                          const BranchContext<Scalar>& context,
+                                          const std::vector<Mat<Scalar>>* d_gains, Mat<Scalar>& d_out) {
+  d_out.setZero(d_a.rows(), values_[id].cols());
+  norm_backward(context.norm, 1, normed(id), norm_stats_[id], d_a, d_out);
+  if (const Mat<Scalar>* gain = norm_gain(context, id)) d_out.array().rowwise() *= gain->array().row(0);
+  if (d_gains && (*d_gains)[id].size() != 0)
+    d_out.array() += normed(id).array().rowwise() * (*d_gains)[id].array().row(0);
 }
 
 namespace {

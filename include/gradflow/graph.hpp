@@ -261,6 +261,13 @@ class GraphExecutor {
   // The learned gain and bias of norm node `id`, or null (gamma = 1, beta = 0).
   static const Mat<Scalar>* norm_gain(const BranchContext<Scalar>& context, int id);
   static const Mat<Scalar>* norm_bias(const BranchContext<Scalar>& context, int id);
+  // A norm node's forward, backward and JVP with its learned affine (graph.cpp).
+  void norm_node_forward(int id, const Mat<Scalar>& a, const BranchContext<Scalar>& context,
+                         Mat<Scalar>& out);
+  void norm_node_backward(int id, const Mat<Scalar>& d_out, const BranchContext<Scalar>& context,
+                          Mat<Scalar>& d_a);
+  void norm_node_jvp(int id, const Mat<Scalar>& d_a, const BranchContext<Scalar>& context,
+                     const std::vector<Mat<Scalar>>* d_gains, Mat<Scalar>& d_out);
   // N(x) of norm node `id`.
   const Mat<Scalar>& normed(int id) const { return affine_[id] ? normed_[id] : values_[id]; }
   std::vector<char> after_branch_;  // per value id: depends on the branch output (recompute)
