@@ -14,11 +14,11 @@
 #include "../science/summary.hpp"
 #include "../science/update.hpp"
 #include "decoder.hpp"
-#include "sublayer_path.hpp"
 #include "gradflow/checkpoint.hpp"
 #include "gradflow/errors.hpp"
 #include "gradflow/representation.hpp"
 #include "gradflow/rng.hpp"
+#include "sublayer_path.hpp"
 
 namespace gradflow {
 
@@ -51,7 +51,8 @@ Mat<Scalar> probe_matrix(const CheckpointRun& run) {
 // The run's way through each sublayer: the placement graph and the ops where they cover the family.
 template <typename Scalar>
 std::unique_ptr<SublayerPath<Scalar>> sublayer_path(const CheckpointRun& run, const TensorStore& tensors) {
-  if (run.arch != nullptr && checkpoint::graph_path_gap(run.spec, static_cast<int>(run.tokens.size())).empty())
+  if (run.arch != nullptr &&
+      checkpoint::graph_path_gap(run.spec, static_cast<int>(run.tokens.size())).empty())
     return checkpoint::make_graph_sublayers<Scalar>(run.spec, run.config, *run.arch, tensors, run.threads);
   return checkpoint::make_decoder_sublayers<Scalar>(run.spec, tensors, static_cast<int>(run.tokens.size()));
 }
@@ -111,9 +112,10 @@ class CheckpointAnalysis {
       path_->forward(states_[l], states_[l + 1], updates_[l]);
       if (!finite(states_[l + 1])) {
         result_.diverged = Divergence{l, "forward", "a non-finite value in the residual stream"};
-        throw InputError(fmt::format("the checkpoint's forward pass overflows at sublayer {} (layer {}'s {}): "
-                                     "try --precision f64",
-                                     l, l / 2, l % 2 == 0 ? "attention" : "MLP"));
+        throw InputError(
+            fmt::format("the checkpoint's forward pass overflows at sublayer {} (layer {}'s {}): "
+                        "try --precision f64",
+                        l, l / 2, l % 2 == 0 ? "attention" : "MLP"));
       }
       rms[l + 1] = stream_rms[l + 1] = std::sqrt(squared(states_[l + 1]) / count);
       branch_rms[l] = std::sqrt(squared(updates_[l]) / count);
@@ -121,8 +123,8 @@ class CheckpointAnalysis {
       tick();
     }
     Mat<Scalar> d_top;
-    figures_.loss = checkpoint::head_loss<Scalar>(spec_, tensors_, run_.loss, probe_, run_.tokens, states_.back(),
-                                                 &d_top, &output_);
+    figures_.loss = checkpoint::head_loss<Scalar>(spec_, tensors_, run_.loss, probe_, run_.tokens,
+                                                  states_.back(), &d_top, &output_);
     gradients_.resize(sublayers_ + 1);
     gradients_[sublayers_] = std::move(d_top);
   }
@@ -174,15 +176,17 @@ class CheckpointAnalysis {
       const double param_squares = path_->backward(gradients_[l + 1], gradients_[l], d_branch);
       if (!finite(gradients_[l])) {
         result_.diverged = Divergence{l, "backward", "a non-finite value in the gradient"};
-        throw InputError(fmt::format("the checkpoint's backward pass overflows at sublayer {}: try --precision f64", l));
+        throw InputError(
+            fmt::format("the checkpoint's backward pass overflows at sublayer {}: try --precision f64", l));
       }
       norms[l] = std::sqrt(squared(gradients_[l]));
       gain[l] = norms[l] / norms[l + 1];
       skip_gain[l] = 1.0;
       branch_gain[l] = std::sqrt(squared(d_branch)) / norms[l + 1];
       param_grad[l] = 0.5 * std::log10(param_squares);
-      contribution[l] = (gradients_[l + 1].template cast<double>().array() *
-                         updates_[l].template cast<double>().array()).sum();
+      contribution[l] =
+          (gradients_[l + 1].template cast<double>().array() * updates_[l].template cast<double>().array())
+              .sum();
       tick();
     }
     for (int l = 0; l <= sublayers_; ++l) log10_grad[l] = stream_grad[l] = std::log10(norms[l]);
@@ -199,7 +203,8 @@ class CheckpointAnalysis {
     // <part, x_S> / ||x_S||^2 of the final state; the shares sum to 1
     const Mat<double> top = states_.back().template cast<double>();
     const double top_squared = top.squaredNorm();
-    result_.stream_decomposition_input = (states_[0].template cast<double>().array() * top.array()).sum() / top_squared;
+    result_.stream_decomposition_input =
+        (states_[0].template cast<double>().array() * top.array()).sum() / top_squared;
     auto& decomposition = result_.sublayers.at(Figure::stream_decomposition);
     for (int l = 0; l < sublayers_; ++l)
       decomposition[l] = (updates_[l].template cast<double>().array() * top.array()).sum() / top_squared;
@@ -244,7 +249,8 @@ class CheckpointAnalysis {
           } else {
             delta = -eta * g;
           }
-          update_loss[i][l] += (g.template cast<double>().array() * delta.template cast<double>().array()).sum();
+          update_loss[i][l] +=
+              (g.template cast<double>().array() * delta.template cast<double>().array()).sum();
           step_squares[i][m] += squared(delta);
           weight_squares[i][m] += squared(*weights[m]);
           step[m] = &delta;
@@ -273,8 +279,8 @@ class CheckpointAnalysis {
       for (int m = 0; m < kMatrixKindCount; ++m)
         if (weight_squares[i][m] > 0) step.step_rel[m] = std::sqrt(step_squares[i][m] / weight_squares[i][m]);
       Mat<Scalar> y;
-      const double loss = checkpoint::head_loss<Scalar>(spec_, tensors_, run_.loss, probe_, run_.tokens, stepped[i],
-                                                        nullptr, &y);
+      const double loss = checkpoint::head_loss<Scalar>(spec_, tensors_, run_.loss, probe_, run_.tokens,
+                                                        stepped[i], nullptr, &y);
       const Mat<double> moved = y.template cast<double>() - output_.template cast<double>();
       step.output_update_rel = std::sqrt(moved.squaredNorm() / squared(output_));
       // The probe loss is linear in y: its change is sum(U * (y' - y)), formed so that no digits
@@ -290,7 +296,8 @@ class CheckpointAnalysis {
   bool record_moved(int i, int l, const Mat<Scalar>& stepped) {
     const double moved = squared(Mat<Scalar>(stepped - states_[l]));
     if (!std::isfinite(moved)) return false;
-    result_.states.at({Figure::update_rms, i + 1})[l] = std::sqrt(moved / static_cast<double>(stepped.size()));
+    result_.states.at({Figure::update_rms, i + 1})[l] =
+        std::sqrt(moved / static_cast<double>(stepped.size()));
     result_.states.at({Figure::log10_update_rel, i + 1})[l] = 0.5 * std::log10(moved / squared(states_[l]));
     return true;
   }
@@ -333,7 +340,8 @@ std::string checkpoint_graph_gap(const HfModelSpec& spec, int tokens) {
   return checkpoint::graph_path_gap(spec, tokens);
 }
 
-SeedResult analyze_checkpoint(const CheckpointRun& run, const TensorStore& tensors, const ProgressCallback& progress) {
+SeedResult analyze_checkpoint(const CheckpointRun& run, const TensorStore& tensors,
+                              const ProgressCallback& progress) {
   SeedResult result = empty_result(run);
   CheckpointFigures& figures = result.checkpoint.emplace();
   figures.loss_kind = run.loss;
@@ -361,7 +369,8 @@ InputGradient checkpoint_loss_and_input_gradient(const CheckpointRun& run, const
   const Mat<double> probe = probe_matrix<double>(run);
   Mat<double> gradient, scratch, below, d_branch;
   InputGradient out;
-  out.loss = checkpoint::head_loss<double>(spec, tensors, run.loss, probe, run.tokens, states.back(), &gradient, nullptr);
+  out.loss = checkpoint::head_loss<double>(spec, tensors, run.loss, probe, run.tokens, states.back(),
+                                           &gradient, nullptr);
   for (int l = spec.sublayers() - 1; l >= 0; --l) {
     path->load(l);
     path->forward(states[l], scratch, update);
@@ -380,9 +389,11 @@ double checkpoint_memory_bytes(const HfModelSpec& spec, const ModelConfig& confi
   const double mlp = d * spec.intermediate * (spec.gated ? 3.0 : 2.0);
   const double weights = std::max(attention, mlp) * scalar;
   const double stored = 3.0 * (S + 1) * T * d * scalar;  // states, gradients, updates
-  const double representation = 4.0 * T * d * 8.0 + 3.0 * T * T * 8.0;  // three states' unit rows, erank's Gram
+  const double representation =
+      4.0 * T * d * 8.0 + 3.0 * T * T * 8.0;  // three states' unit rows, erank's Gram
   // a sublayer's cache (projections, hidden units, one T x T matrix per head, soft-capped twice)
-  const double cache = T * (6.0 * std::max<double>(spec.q_width(), spec.intermediate) + spec.heads * 2.0 * T) * scalar;
+  const double cache =
+      T * (6.0 * std::max<double>(spec.q_width(), spec.intermediate) + spec.heads * 2.0 * T) * scalar;
   const double logits = loss == LossKind::lm ? 3.0 * T * spec.vocab * scalar + 4.0 * 1048576.0 * scalar : 0.0;
   // --update: the gradients, a stepped copy of the weights and a stepped state per learning rate,
   // and the stepped pass's own cache

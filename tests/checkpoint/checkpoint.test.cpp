@@ -1,13 +1,14 @@
 // Trained checkpoints (issue 28): the decoder's whole-stack gradient against central differences of
 // the loss in f64 for every family (acceptance 2), the layer-by-layer analysis against the
 // standalone float64 pass, and the spec's reading of config.json.
+#include "gradflow/checkpoint.hpp"
+
 #include <doctest/doctest.h>
 
 #include <map>
 #include <random>
 
 #include "gradflow/app/placements.hpp"
-#include "gradflow/checkpoint.hpp"
 #include "gradflow/errors.hpp"
 
 namespace gradflow {
@@ -30,9 +31,12 @@ class MemoryStore : public TensorStore {
                         (tensor.name.find("ln_") != std::string::npos && tensor.name.ends_with(".weight"));
       const double fan_in = tensor.shape.size() > 1 ? static_cast<double>(tensor.shape.back()) : 1.0;
       for (double& v : values) {
-        if (gain) v = (spec.gain_offset ? 0.0 : 1.0) + 0.2 * normal(engine);
-        else if (tensor.shape.size() == 1) v = 0.1 * normal(engine);
-        else v = 1.2 / std::sqrt(fan_in) * normal(engine);
+        if (gain)
+          v = (spec.gain_offset ? 0.0 : 1.0) + 0.2 * normal(engine);
+        else if (tensor.shape.size() == 1)
+          v = 0.1 * normal(engine);
+        else
+          v = 1.2 / std::sqrt(fan_in) * normal(engine);
       }
       tensors_[tensor.name] = {tensor.shape, std::move(values)};
     }
@@ -56,10 +60,11 @@ class MemoryStore : public TensorStore {
 };
 
 json shared_config(const char* model_type) {
-  return {{"model_type", model_type}, {"hidden_size", 16},        {"num_hidden_layers", 3},
-          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 24},
-          {"vocab_size", 23},         {"rms_norm_eps", 1e-5},     {"rope_theta", 10000.0},
-          {"max_position_embeddings", 64}};
+  return {{"model_type", model_type}, {"hidden_size", 16},
+          {"num_hidden_layers", 3},   {"num_attention_heads", 4},
+          {"num_key_value_heads", 2}, {"intermediate_size", 24},
+          {"vocab_size", 23},         {"rms_norm_eps", 1e-5},
+          {"rope_theta", 10000.0},    {"max_position_embeddings", 64}};
 }
 
 std::vector<std::pair<std::string, json>> family_configs() {
@@ -72,13 +77,24 @@ std::vector<std::pair<std::string, json>> family_configs() {
   llama3["attention_bias"] = true;
   llama3["mlp_bias"] = true;
   llama3["tie_word_embeddings"] = true;
-  llama3["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}};
-  const json gpt2 = {{"model_type", "gpt2"}, {"n_embd", 16}, {"n_layer", 3}, {"n_head", 4},
-                     {"vocab_size", 23},     {"n_positions", 32}, {"activation_function", "gelu_new"}};
-  return {{"llama", shared_config("llama")}, {"llama+biases+llama3 rope+tied", llama3},
-          {"qwen2", shared_config("qwen2")}, {"olmo2", shared_config("olmo2")},
-          {"gemma2", gemma},                 {"gpt2", gpt2}};
+  llama3["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", 8.0},
+                            {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 16}};
+  const json gpt2 = {{"model_type", "gpt2"},
+                     {"n_embd", 16},
+                     {"n_layer", 3},
+                     {"n_head", 4},
+                     {"vocab_size", 23},
+                     {"n_positions", 32},
+                     {"activation_function", "gelu_new"}};
+  return {{"llama", shared_config("llama")},
+          {"llama+biases+llama3 rope+tied", llama3},
+          {"qwen2", shared_config("qwen2")},
+          {"olmo2", shared_config("olmo2")},
+          {"gemma2", gemma},
+          {"gpt2", gpt2}};
 }
 
 // The family's placement as analyze resolves it: the sublayers run through its graph and the ops
@@ -112,14 +128,16 @@ TEST_CASE("every family's whole-stack gradient of the loss matches central diffe
       // x_0 rebuilt from the store (token rows, GPT-2's positions, Gemma's scale), then central
       // differences of L along every one of its T x d = 112 entries.
       Eigen::MatrixXd embedded = Eigen::MatrixXd::Zero(exact.gradient.rows(), exact.gradient.cols());
-      const std::string table = run.spec.family == HfFamily::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
+      const std::string table =
+          run.spec.family == HfFamily::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
       for (Eigen::Index t = 0; t < embedded.rows(); ++t) {
         Eigen::RowVectorXd row(embedded.cols());
         store.read_rows(table, run.tokens[t], 1, row.data());
         embedded.row(t) = row;
       }
       if (run.spec.position_embedding) {
-        Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> wpe(embedded.rows(), embedded.cols());
+        Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> wpe(embedded.rows(),
+                                                                                   embedded.cols());
         store.read_rows("wpe.weight", 0, embedded.rows(), wpe.data());
         embedded += wpe;
       }
@@ -199,13 +217,14 @@ TEST_CASE("config.json: unsupported families and rope scalings are refused namin
   CHECK_THROWS_WITH_AS(read_hf_model_spec(config, "c.json"), doctest::Contains("rope_scaling"), InputError);
   config = shared_config("llama");
   config["num_key_value_heads"] = 3;
-  CHECK_THROWS_WITH_AS(read_hf_model_spec(config, "c.json"), doctest::Contains("num_key_value_heads"), InputError);
+  CHECK_THROWS_WITH_AS(read_hf_model_spec(config, "c.json"), doctest::Contains("num_key_value_heads"),
+                       InputError);
   // Transformers 5's rope_parameters: theta and scaling read from it, and it must agree with rope_theta
   config = shared_config("llama");
   config.erase("rope_theta");
-  config["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "llama3"}, {"factor", 32.0},
-                               {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
-                               {"original_max_position_embeddings", 8192}};
+  config["rope_parameters"] = {{"rope_theta", 500000.0},  {"rope_type", "llama3"},
+                               {"factor", 32.0},          {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
   const HfModelSpec v5 = read_hf_model_spec(config, "c.json");
   CHECK(v5.rope_theta == 500000.0);
   CHECK(v5.rope_scaling == RopeScaling::llama3);
@@ -227,7 +246,7 @@ TEST_CASE("config.json: unsupported families and rope scalings are refused namin
   json olmo = shared_config("olmo2"), llama = shared_config("llama");
   olmo.erase("rms_norm_eps");
   llama.erase("rms_norm_eps");
-  CHECK(read_hf_model_spec(olmo, "c.json").norm_eps == 1e-5);  // Olmo2Config's default
+  CHECK(read_hf_model_spec(olmo, "c.json").norm_eps == 1e-5);   // Olmo2Config's default
   CHECK(read_hf_model_spec(llama, "c.json").norm_eps == 1e-6);  // LlamaConfig's
   const HfModelSpec gemma = read_hf_model_spec(family_configs()[4].second, "c.json");
   CHECK(gemma.sliding_window == std::vector<int>{3, 0, 3});  // Gemma2Config: even layers slide
@@ -235,7 +254,8 @@ TEST_CASE("config.json: unsupported families and rope scalings are refused namin
   CHECK(gemma.embedding_scale == doctest::Approx(4.0));
 }
 
-TEST_CASE("which families run through the placement graph and the ops (issue 47), and why the others do not") {
+TEST_CASE(
+    "which families run through the placement graph and the ops (issue 47), and why the others do not") {
   const int tokens = 7;
   std::map<std::string, std::string> gaps;
   for (const auto& [name, config] : family_configs())
@@ -254,7 +274,8 @@ TEST_CASE("which families run through the placement graph and the ops (issue 47)
         "a sliding window of 6 tokens");
 }
 
-TEST_CASE("the graph path and the decoder agree on every figure, and the graph path's threads change no bit") {
+TEST_CASE(
+    "the graph path and the decoder agree on every figure, and the graph path's threads change no bit") {
   for (const auto& [name, config] : family_configs()) {
     const CheckpointRun run = make_run(config, LossKind::lm);
     if (!checkpoint_graph_gap(run.spec, static_cast<int>(run.tokens.size())).empty()) continue;
@@ -268,7 +289,8 @@ TEST_CASE("the graph path and the decoder agree on every figure, and the graph p
       const auto& b = decoder.states.at(figure);
       for (std::size_t l = 0; l < a.size(); ++l) CHECK(a[l] == doctest::Approx(b[l]).epsilon(1e-12));
     }
-    for (const Figure figure : {Figure::gain, Figure::branch_gain, Figure::stream_share, Figure::output_share}) {
+    for (const Figure figure :
+         {Figure::gain, Figure::branch_gain, Figure::stream_share, Figure::output_share}) {
       const auto& a = graph.sublayers.at(figure);
       const auto& b = decoder.sublayers.at(figure);
       for (std::size_t l = 0; l < a.size(); ++l) CHECK(a[l] == doctest::Approx(b[l]).epsilon(1e-11));
